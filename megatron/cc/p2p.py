@@ -1,0 +1,147 @@
+"""Pipeline channels: the fwd (activations, s -> s+1) and bwd (gradients, s+1 -> s) links.
+
+Each end of each link holds its own codec instance; both ends construct it from the same
+config, so stateful codecs (activation caches, error buffers) evolve identically. Whether a
+given message is compressed is a pure function of (sender stage, micro-batch, iteration, pp, M)
+(`CompressionPolicy`), computed independently on both ends: nothing about the decision is
+inferred from call order, and nothing extra crosses the wire.
+
+Payloads are lists of tensors whose shapes both ends compute from the activation shape
+(`codec.payload_spec`), so receive buffers are allocated without a size handshake. All
+transfers go through `torch.distributed.batch_isend_irecv`, which works on gloo and NCCL;
+combined send+receive ops post both before waiting, as Megatron does, so 1F1B cannot deadlock.
+"""
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from megatron.cc.stats import ChannelStats, nbytes
+
+
+@dataclass
+class Message:
+    """What both ends know about one message without communicating."""
+    microbatch: int
+    iteration: int
+    sample_ids: Optional[torch.Tensor] = None
+
+
+class Link:
+    """One direction across one stage boundary, seen from one end."""
+
+    def __init__(self, channel: str, peer: int, codec=None,
+                 policy: Optional[Callable[[Message], bool]] = None):
+        self.channel = channel
+        self.peer = peer            # global rank of the other end
+        self.codec = codec          # None = always uncompressed
+        self.policy = policy        # None = compress every message when a codec is set
+
+    def compressed(self, msg: Message) -> bool:
+        return self.codec is not None and (self.policy is None or self.policy(msg))
+
+    def _ctx(self, msg: Message):
+        from megatron.cc.compress.base import CodecContext
+        return CodecContext(microbatch=msg.microbatch, iteration=msg.iteration,
+                            sample_ids=msg.sample_ids, compress=True)
+
+    # sender side
+    def encode(self, x: torch.Tensor, msg: Message) -> List[torch.Tensor]:
+        if not self.compressed(msg):
+            return [x.detach().contiguous()]
+        return [p.contiguous() for p in self.codec.encode(x.detach(), self._ctx(msg))]
+
+    # receiver side
+    def buffers(self, shape, dtype, msg: Message) -> List[torch.Tensor]:
+        device = _device()
+        if not self.compressed(msg):
+            return [torch.empty(shape, dtype=dtype, device=device)]
+        return [torch.empty(s, dtype=d, device=device)
+                for s, d in self.codec.payload_spec(torch.Size(shape), dtype)]
+
+    def decode(self, payload: List[torch.Tensor], shape, dtype, msg: Message) -> torch.Tensor:
+        if not self.compressed(msg):
+            return payload[0]
+        return self.codec.decode(payload, torch.Size(shape), dtype, self._ctx(msg))
+
+
+def _device():
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+        else torch.device("cpu")
+
+
+class PipelineChannels:
+    """Send/receive of activations and their gradients for one pipeline stage.
+
+    `prev_fwd`/`prev_bwd` are this stage's ends of the links to stage s-1 (receive
+    activations, send gradients); `next_fwd`/`next_bwd` those to stage s+1.
+    """
+
+    def __init__(self, tensor_shape: Sequence[int], dtype: torch.dtype, stats: ChannelStats,
+                 prev_fwd: Optional[Link] = None, prev_bwd: Optional[Link] = None,
+                 next_fwd: Optional[Link] = None, next_bwd: Optional[Link] = None):
+        self.shape = tuple(tensor_shape)
+        self.dtype = dtype
+        self.stats = stats
+        self.prev_fwd, self.prev_bwd = prev_fwd, prev_bwd
+        self.next_fwd, self.next_bwd = next_fwd, next_bwd
+
+    # -- one call = one batch of isend/irecv posted together, then waited for --------------
+    def _exchange(self, send: Optional[tuple], recv: Optional[tuple]) -> Optional[torch.Tensor]:
+        ops, out = [], None
+        if send is not None:
+            link, x, msg = send
+            payload = link.encode(x, msg)
+            raw = x.numel() * x.element_size()
+            self.stats.add(link.channel, nbytes(payload), raw)
+            ops += [dist.P2POp(dist.isend, p, link.peer) for p in payload]
+        if recv is not None:
+            link, msg = recv
+            bufs = link.buffers(self.shape, self.dtype, msg)
+            ops += [dist.P2POp(dist.irecv, b, link.peer) for b in bufs]
+        if ops:
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+        if recv is not None:
+            out = link.decode(bufs, self.shape, self.dtype, msg)
+            out = out.to(self.dtype).requires_grad_(recv[0].channel == "pp-fwd")
+        return out
+
+    def recv_forward(self, msg: Message) -> Optional[torch.Tensor]:
+        return None if self.prev_fwd is None else self._exchange(None, (self.prev_fwd, msg))
+
+    def send_forward(self, y: torch.Tensor, msg: Message) -> None:
+        if self.next_fwd is not None:
+            self._exchange((self.next_fwd, y, msg), None)
+
+    def recv_backward(self, msg: Message) -> Optional[torch.Tensor]:
+        return None if self.next_bwd is None else self._exchange(None, (self.next_bwd, msg))
+
+    def send_backward(self, g: Optional[torch.Tensor], msg: Message) -> None:
+        if self.prev_bwd is not None:
+            self._exchange((self.prev_bwd, g, msg), None)
+
+    def send_forward_recv_backward(self, y, fwd_msg: Message, bwd_msg: Message):
+        if self.next_fwd is None:
+            return None
+        return self._exchange((self.next_fwd, y, fwd_msg), (self.next_bwd, bwd_msg))
+
+    def send_backward_recv_forward(self, g, bwd_msg: Message, fwd_msg: Message):
+        if self.prev_bwd is None:
+            return None
+        return self._exchange((self.prev_bwd, g, bwd_msg), (self.prev_fwd, fwd_msg))
+
+    # -- checkpointable codec state ---------------------------------------------------------
+    def links(self) -> List[Link]:
+        return [l for l in (self.prev_fwd, self.prev_bwd, self.next_fwd, self.next_bwd) if l]
+
+    def state_dict(self) -> dict:
+        return {f"{l.channel}->{l.peer}": l.codec.state_dict()
+                for l in self.links() if l.codec is not None}
+
+    def load_state_dict(self, sd: dict) -> None:
+        for l in self.links():
+            key = f"{l.channel}->{l.peer}"
+            if l.codec is not None and key in sd:
+                l.codec.load_state_dict(sd[key])

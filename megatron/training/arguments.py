@@ -1,0 +1,281 @@
+"""Training configuration: Megatron-LM's flag names, grouped into dataclasses that validate themselves.
+
+`parse_args()` builds every flag from the dataclasses below (and from the compression config
+in megatron.cc.config), then `validate_args()` checks each group and the cross-group rules
+against the world size. Validation has no side effects and runs on every rank before any
+process group is created, so a bad flag stops all ranks with the same one-line message.
+"""
+import argparse
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from typing import List, Optional
+
+from megatron.training.config_flags import ConfigError, add_dataclass_flags, flag, from_namespace
+
+
+@dataclass
+class ParallelArgs:
+    tensor_model_parallel_size: int = flag(1, "Tensor model parallel size (TP).")
+    pipeline_model_parallel_size: int = flag(1, "Pipeline model parallel size (PP).")
+    distributed_backend: Optional[str] = flag(
+        None, "torch.distributed backend; default nccl when CUDA is present, else gloo.",
+        choices=["nccl", "gloo"])
+    distributed_timeout_minutes: int = flag(10, "Timeout for collectives (minutes).")
+
+    def validate(self, world_size: int) -> None:
+        tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
+        if tp < 1 or pp < 1:
+            raise ConfigError("--tensor-model-parallel-size and --pipeline-model-parallel-size "
+                              "must be >= 1")
+        if world_size % (tp * pp):
+            raise ConfigError(
+                f"world size ({world_size}) is not divisible by --tensor-model-parallel-size "
+                f"({tp}) x --pipeline-model-parallel-size ({pp}) = {tp * pp}; launch a multiple "
+                f"of {tp * pp} processes or change the parallel sizes")
+
+    def data_parallel_size(self, world_size: int) -> int:
+        return world_size // (self.tensor_model_parallel_size * self.pipeline_model_parallel_size)
+
+
+@dataclass
+class ModelArgs:
+    num_layers: int = flag(4, "Number of transformer layers.")
+    hidden_size: int = flag(64, "Transformer hidden size.")
+    num_attention_heads: int = flag(4, "Number of attention heads.")
+    ffn_hidden_size: Optional[int] = flag(None, "MLP hidden size; default 4 x --hidden-size.")
+    seq_length: int = flag(128, "Sequence length of each training sample.")
+    max_position_embeddings: Optional[int] = flag(
+        None, "Number of learned position embeddings; default --seq-length.")
+    attention_dropout: float = flag(0.1, "Dropout probability in attention.")
+    hidden_dropout: float = flag(0.1, "Dropout probability on hidden states.")
+    untie_embeddings_and_output_weights: bool = flag(
+        False, "Separate output layer instead of reusing the word embedding (not GPT-2 shaped).")
+    make_vocab_size_divisible_by: int = flag(
+        128, "Pad the vocabulary to a multiple of this times TP (Megatron's rule).")
+    init_method_std: float = flag(0.02, "Std of the normal weight initialisation.")
+    layernorm_epsilon: float = flag(1e-5, "LayerNorm epsilon.")
+    bf16: bool = flag(False, "bfloat16 mixed precision (GPU).")
+    fp16: bool = flag(False, "float16 mixed precision with loss scaling (GPU).")
+
+    def __post_init__(self):
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = 4 * self.hidden_size
+        if self.max_position_embeddings is None:
+            self.max_position_embeddings = self.seq_length
+
+    def validate(self, tp: int, pp: int) -> None:
+        if self.num_layers % pp:
+            raise ConfigError(f"--num-layers ({self.num_layers}) is not divisible by "
+                              f"--pipeline-model-parallel-size ({pp})")
+        if self.num_attention_heads % tp:
+            raise ConfigError(f"--num-attention-heads ({self.num_attention_heads}) is not "
+                              f"divisible by --tensor-model-parallel-size ({tp})")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"--hidden-size ({self.hidden_size}) is not divisible by "
+                              f"--num-attention-heads ({self.num_attention_heads})")
+        if self.hidden_size % tp or self.ffn_hidden_size % tp:
+            raise ConfigError(f"--hidden-size ({self.hidden_size}) and --ffn-hidden-size "
+                              f"({self.ffn_hidden_size}) must be divisible by "
+                              f"--tensor-model-parallel-size ({tp})")
+        if self.seq_length > self.max_position_embeddings:
+            raise ConfigError(f"--seq-length ({self.seq_length}) exceeds "
+                              f"--max-position-embeddings ({self.max_position_embeddings})")
+        if self.bf16 and self.fp16:
+            raise ConfigError("--bf16 and --fp16 are mutually exclusive; pick one")
+        for name in ("attention_dropout", "hidden_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1)")
+
+    def padded_vocab_size(self, vocab_size: int, tp: int) -> int:
+        multiple = self.make_vocab_size_divisible_by * tp
+        return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+@dataclass
+class TrainingArgs:
+    micro_batch_size: int = flag(4, "Samples per micro-batch per data-parallel replica.")
+    global_batch_size: int = flag(
+        16, "Samples per iteration over all replicas; micro-batches per step = "
+            "global / (micro x dp).")
+    train_iters: int = flag(100, "Number of training iterations.")
+    lr: float = flag(3e-4, "Peak learning rate.")
+    min_lr: float = flag(0.0, "Minimum learning rate at the end of decay.")
+    lr_decay_style: str = flag("cosine", "Learning rate decay.",
+                               choices=["constant", "linear", "cosine", "inverse-square-root"])
+    lr_decay_iters: Optional[int] = flag(None, "Iterations to decay over; default --train-iters.")
+    lr_warmup_fraction: Optional[float] = flag(
+        None, "Fraction of decay iterations used for linear warm-up.")
+    lr_warmup_iters: int = flag(0, "Iterations of linear warm-up (use this or the fraction).")
+    weight_decay: float = flag(0.01, "Weight decay (AdamW, decoupled).")
+    clip_grad: float = flag(1.0, "Gradient clipping by global norm (0 disables).")
+    adam_beta1: float = flag(0.9, "Adam beta1.")
+    adam_beta2: float = flag(0.999, "Adam beta2.")
+    adam_eps: float = flag(1e-8, "Adam epsilon.")
+    seed: int = flag(1234, "Random seed. Initial weights depend on it alone, not on the split.")
+
+    def validate(self, dp: int) -> None:
+        if self.micro_batch_size < 1 or self.global_batch_size < 1 or self.train_iters < 1:
+            raise ConfigError("--micro-batch-size, --global-batch-size and --train-iters "
+                              "must be >= 1")
+        if self.global_batch_size % (self.micro_batch_size * dp):
+            raise ConfigError(
+                f"--global-batch-size ({self.global_batch_size}) is not divisible by "
+                f"--micro-batch-size ({self.micro_batch_size}) x data-parallel size ({dp}) = "
+                f"{self.micro_batch_size * dp}")
+        if self.lr_warmup_fraction is not None and self.lr_warmup_iters:
+            raise ConfigError("--lr-warmup-fraction and --lr-warmup-iters are mutually "
+                              "exclusive; give one")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"--min-lr ({self.min_lr}) exceeds --lr ({self.lr})")
+
+    def num_microbatches(self, dp: int) -> int:
+        return self.global_batch_size // (self.micro_batch_size * dp)
+
+
+@dataclass
+class DataArgs:
+    data_path: Optional[List[str]] = flag(
+        None, "Data prefixes of .bin/.idx files, optionally with weights: "
+              "'0.7 a_text_document 0.3 b_text_document'. Default: the embedded corpus.")
+    split: str = flag("969,30,1", "Train,valid,test split proportions.")
+    tokenizer_type: str = flag("GPT2BPETokenizer", "Tokenizer.",
+                               choices=["GPT2BPETokenizer", "HuggingFaceTokenizer"])
+    vocab_file: Optional[str] = flag(None, "GPT-2 vocab.json (GPT2BPETokenizer).")
+    merge_file: Optional[str] = flag(None, "GPT-2 merges.txt (GPT2BPETokenizer).")
+    tokenizer_model: Optional[str] = flag(None, "Local tokenizer directory (HuggingFaceTokenizer).")
+    data_cache_path: Optional[str] = flag(None, "Where GPTDataset caches its index files.")
+
+    def validate(self) -> None:
+        if self.data_path:
+            _check_blend(self.data_path)
+            for prefix in self.data_path[1::2] if len(self.data_path) > 1 else self.data_path:
+                for ext in (".bin", ".idx"):
+                    if not os.path.isfile(prefix + ext):
+                        raise ConfigError(f"--data-path: {prefix + ext} does not exist; give the "
+                                          f"prefix written by tools/preprocess_data.py")
+        try:
+            parts = [float(x) for x in self.split.replace("/", ",").split(",")]
+            assert len(parts) <= 3 and sum(parts) > 0 and min(parts) >= 0
+        except (ValueError, AssertionError):
+            raise ConfigError(f"--split '{self.split}' must be up to three non-negative "
+                              f"numbers like 969,30,1") from None
+        if self.data_path is not None or self.vocab_file is not None:
+            from megatron.training.tokenizer import validate_tokenizer_args
+            try:
+                validate_tokenizer_args(self.tokenizer_type, self.vocab_file, self.merge_file,
+                                        self.tokenizer_model)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+
+
+def _check_blend(paths: List[str]) -> None:
+    if len(paths) == 1:
+        return
+    if len(paths) % 2:
+        raise ConfigError("--data-path with several datasets takes weight-prefix pairs: "
+                          "'0.5 a_text_document 0.5 b_text_document'")
+    for w in paths[0::2]:
+        try:
+            float(w)
+        except ValueError:
+            raise ConfigError(f"--data-path: '{w}' should be a blend weight (a number) "
+                              f"followed by a prefix") from None
+
+
+@dataclass
+class CheckpointArgs:
+    save: Optional[str] = flag(None, "Directory to save checkpoints to.")
+    load: Optional[str] = flag(None, "Directory to load the latest checkpoint from.")
+    save_interval: Optional[int] = flag(None, "Iterations between checkpoints.")
+    no_load_optim: bool = flag(False, "Do not load optimizer state.")
+    no_load_rng: bool = flag(False, "Do not load RNG state.")
+    finetune: bool = flag(False, "Load weights only and restart iteration count at 0.")
+    exit_interval: Optional[int] = flag(None, "Exit (after saving) at this iteration.")
+
+
+@dataclass
+class LoggingArgs:
+    log_interval: int = flag(10, "Iterations between log lines.")
+    eval_interval: int = flag(1000, "Iterations between validation runs.")
+    eval_iters: int = flag(10, "Validation iterations per evaluation.")
+    tensorboard_dir: Optional[str] = flag(None, "Write TensorBoard scalars here.")
+    experiment_name: Optional[str] = flag(None, "Name used in logs and TensorBoard run names.")
+
+
+GROUPS = [("parallel", ParallelArgs, "distributed"), ("model", ModelArgs, "model"),
+          ("training", TrainingArgs, "training"), ("data", DataArgs, "data"),
+          ("checkpoint", CheckpointArgs, "checkpointing"), ("logging", LoggingArgs, "logging")]
+
+
+@dataclass
+class Args:
+    """Everything the driver needs, one dataclass per concern."""
+    parallel: ParallelArgs
+    model: ModelArgs
+    training: TrainingArgs
+    data: DataArgs
+    checkpoint: CheckpointArgs
+    logging: LoggingArgs
+    compression: "object"  # megatron.cc.config.CompressionConfig
+    world_size: int = 1
+
+    @property
+    def tp(self) -> int:
+        return self.parallel.tensor_model_parallel_size
+
+    @property
+    def pp(self) -> int:
+        return self.parallel.pipeline_model_parallel_size
+
+    @property
+    def dp(self) -> int:
+        return self.parallel.data_parallel_size(self.world_size)
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.training.num_microbatches(self.dp)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from megatron.cc.config import CompressionConfig
+    parser = argparse.ArgumentParser(description="Megatron-style GPT pretraining with "
+                                     "communication compression", allow_abbrev=False)
+    for _, cls, title in GROUPS:
+        add_dataclass_flags(parser, cls, title)
+    add_dataclass_flags(parser, CompressionConfig, "communication compression")
+    return parser
+
+
+def parse_args(argv=None, world_size: Optional[int] = None) -> Args:
+    """Parse and validate; raises ConfigError naming the offending flag."""
+    from megatron.cc.config import CompressionConfig
+    ns = build_parser().parse_args(argv)
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    args = Args(**{name: from_namespace(cls, ns) for name, cls, _ in GROUPS},
+                compression=from_namespace(CompressionConfig, ns), world_size=world_size)
+    validate_args(args)
+    return args
+
+
+def validate_args(args: Args) -> None:
+    args.parallel.validate(args.world_size)
+    args.model.validate(args.tp, args.pp)
+    args.training.validate(args.dp)
+    args.data.validate()
+    args.compression.validate(pp=args.pp, dp=args.dp, tp=args.tp)
+    if args.checkpoint.save_interval is not None and args.checkpoint.save_interval < 1:
+        raise ConfigError("--save-interval must be >= 1")
+    if args.checkpoint.save_interval and not args.checkpoint.save:
+        raise ConfigError("--save-interval needs --save DIR")
+    if args.pp > 1 and args.num_microbatches < 1:
+        raise ConfigError("need at least one micro-batch per iteration")
+    if args.model.fp16 or args.model.bf16:
+        import torch
+        if not torch.cuda.is_available():
+            raise ConfigError("--fp16/--bf16 need GPUs; on CPU train in fp32 (drop the flag)")

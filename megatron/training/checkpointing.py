@@ -1,0 +1,213 @@
+"""Checkpoints in Megatron-LM's directory layout, written atomically, resumable bit for bit.
+
+    <dir>/latest_checkpointed_iteration.txt
+    <dir>/iter_0000010/mp_rank_{tp:02d}_{pp:03d}/model_optim_rng.pt   one per model shard
+    <dir>/iter_0000010/rank_state/rank_{global:05d}.pt                 one per process
+
+`model_optim_rng.pt` (written by data-parallel rank 0) holds the model shard and, keyed by each
+parameter's name in the unsplit model, its optimizer state, so tools/checkpoint can reshard
+both. `rank_{r}.pt` holds what differs between replicas: RNG states and every registered
+component's state (codec error buffers, Q matrices, activation caches, counters). Components
+register with `CheckpointManager.register(name, obj)`; obj has state_dict()/load_state_dict().
+
+Atomicity: everything is written under iter_XXXXXXX.tmp/, then rank 0 renames the directory
+and replaces the `latest` file (write + os.replace). A save killed part-way leaves only a
+.tmp directory behind and `latest` still names the previous, complete checkpoint.
+"""
+import os
+import random
+import shutil
+from typing import Dict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
+from megatron.training.model import global_param_names, unwrap
+
+LATEST = "latest_checkpointed_iteration.txt"
+CHECKPOINT_VERSION = 1
+
+
+def iter_dir(root: str, iteration: int) -> str:
+    return os.path.join(root, f"iter_{iteration:07d}")
+
+
+def shard_dir_name(tp_rank: int, pp_rank: int) -> str:
+    return f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+
+
+def read_latest(root: str) -> int:
+    path = os.path.join(root, LATEST)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--load {root}: no {LATEST}; is this a checkpoint directory?")
+    text = open(path).read().strip()
+    if not text.isdigit():
+        raise ValueError(f"--load {root}: {LATEST} holds '{text}', not an iteration number")
+    return int(text)
+
+
+def atomic_torch_save(obj, path: str) -> None:
+    tmp = path + ".tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- optimizer state by name
+
+def _torch_optimizers(optimizer):
+    chained = getattr(optimizer, "chained_optimizers", [optimizer])
+    return [getattr(o, "optimizer", None) for o in chained]
+
+
+def _is_fp32_optimizer(optimizer) -> bool:
+    from megatron.core.optimizer.optimizer import FP32Optimizer
+    chained = getattr(optimizer, "chained_optimizers", [optimizer])
+    return all(isinstance(o, FP32Optimizer) for o in chained)
+
+
+def named_optimizer_state(optimizer, model) -> Dict[str, dict]:
+    """{global param name: {'step', 'exp_avg', 'exp_avg_sq'}} (reshardable like the params)."""
+    names = {id(p): g for _, g, p in global_param_names(unwrap(model))}
+    out = {}
+    for opt in _torch_optimizers(optimizer):
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p in opt.state:
+                    out[names[id(p)]] = {k: (v.clone() if torch.is_tensor(v) else v)
+                                         for k, v in opt.state[p].items()}
+    return out
+
+
+def load_named_optimizer_state(optimizer, model, state: Dict[str, dict]) -> None:
+    names = {id(p): g for _, g, p in global_param_names(unwrap(model))}
+    for opt in _torch_optimizers(optimizer):
+        for group in opt.param_groups:
+            for p in group["params"]:
+                s = state.get(names[id(p)])
+                if s is not None:
+                    opt.state[p] = {k: (v.to(p.device).clone() if torch.is_tensor(v) else v)
+                                    for k, v in s.items()}
+
+
+# ---------------------------------------------------------------- rng
+
+def rng_state() -> dict:
+    return {"random": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+
+
+def set_rng_state(s: dict) -> None:
+    random.setstate(s["random"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+    if s["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(s["cuda"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(s["tracker"])
+
+
+# ---------------------------------------------------------------- manager
+
+class CheckpointManager:
+    def __init__(self, args, trainer):
+        self.args = args
+        self.trainer = trainer
+        self.components: Dict[str, object] = {}
+
+    def register(self, name: str, component) -> None:
+        """Add a component whose state_dict() goes into every process's rank file."""
+        self.components[name] = component
+
+    def save(self, root: str) -> str:
+        t = self.trainer
+        final = iter_dir(root, t.iteration)
+        tmp = final + ".tmp"
+        if dist.get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(os.path.join(tmp, "rank_state"), exist_ok=True)
+        dist.barrier()
+        tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        if ps.get_data_parallel_rank() == 0:
+            shard = os.path.join(tmp, shard_dir_name(tp_rank, pp_rank))
+            os.makedirs(shard, exist_ok=True)
+            fp32 = _is_fp32_optimizer(t.optimizer)
+            atomic_torch_save({
+                "checkpoint_version": CHECKPOINT_VERSION,
+                "iteration": t.iteration,
+                "consumed_samples": t.consumed_samples,
+                "args": self.args.to_dict(),
+                "layout": {"tp": self.args.tp, "pp": self.args.pp, "tp_rank": tp_rank,
+                           "pp_rank": pp_rank, "padded_vocab_size": t.padded_vocab_size},
+                "model": unwrap(t.model).state_dict(),
+                "optimizer_by_name": named_optimizer_state(t.optimizer, t.model) if fp32 else None,
+                "optimizer": None if fp32 else t.optimizer.state_dict(),
+                "opt_param_scheduler": t.scheduler.state_dict(),
+            }, os.path.join(shard, "model_optim_rng.pt"))
+        atomic_torch_save({
+            "rng": rng_state(),
+            "components": {k: c.state_dict() for k, c in self.components.items()},
+        }, os.path.join(tmp, "rank_state", f"rank_{dist.get_rank():05d}.pt"))
+        dist.barrier()
+        if dist.get_rank() == 0:
+            if os.path.exists(final):  # re-saving the same iteration: replace it whole
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            atomic_write_text(os.path.join(root, LATEST), str(t.iteration))
+        dist.barrier()
+        if dist.get_rank() == dist.get_world_size() - 1:
+            print(f"  saved checkpoint at iteration {t.iteration:7d} to {root}", flush=True)
+        return final
+
+    def load(self, root: str) -> None:
+        t, c = self.trainer, self.args.checkpoint
+        iteration = read_latest(root)
+        tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        path = os.path.join(iter_dir(root, iteration), shard_dir_name(tp_rank, pp_rank),
+                            "model_optim_rng.pt")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"--load {root}: {path} is missing. The checkpoint was saved with a different "
+                f"tp/pp layout or is incomplete; reshard it with tools/checkpoint/reshard.py")
+        sd = torch.load(path, map_location="cpu", weights_only=False)
+        layout = sd["layout"]
+        if (layout["tp"], layout["pp"]) != (self.args.tp, self.args.pp):
+            raise ValueError(f"--load {root}: saved at tp={layout['tp']} pp={layout['pp']}, "
+                             f"running tp={self.args.tp} pp={self.args.pp}; reshard it with "
+                             f"tools/checkpoint/reshard.py")
+        unwrap(t.model).load_state_dict(sd["model"], strict=True)
+        if c.finetune:
+            return
+        t.iteration, t.consumed_samples = sd["iteration"], sd["consumed_samples"]
+        if not c.no_load_optim:
+            if sd["optimizer_by_name"] is not None:
+                load_named_optimizer_state(t.optimizer, t.model, sd["optimizer_by_name"])
+            else:
+                t.optimizer.load_state_dict(sd["optimizer"])
+            t.scheduler.load_state_dict(sd["opt_param_scheduler"])
+        rank_file = os.path.join(iter_dir(root, iteration), "rank_state",
+                                 f"rank_{dist.get_rank():05d}.pt")
+        if os.path.isfile(rank_file):
+            rs = torch.load(rank_file, map_location="cpu", weights_only=False)
+            if not c.no_load_rng:
+                set_rng_state(rs["rng"])
+            for name, comp in self.components.items():
+                if name in rs["components"]:
+                    comp.load_state_dict(rs["components"][name])
+        elif dist.get_rank() == 0:
+            print(f"  note: {rank_file} not found (different world size?); RNG and codec "
+                  f"state start fresh", flush=True)
+        if dist.get_rank() == dist.get_world_size() - 1:
+            print(f"  loaded checkpoint from {root} at iteration {iteration}", flush=True)

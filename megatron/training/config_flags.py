@@ -1,0 +1,64 @@
+"""Command-line flags generated from config dataclasses.
+
+Each config dataclass owns its fields, their help text (field metadata) and its validation;
+this module only turns fields into argparse flags and back. A field `foo_bar` becomes
+`--foo-bar` (Megatron spelling) with `--foo_bar` accepted as an alias, so scripts written for
+Optimus-CC's underscore flags run unchanged. Extra spellings go in metadata["aliases"].
+"""
+import argparse
+import dataclasses
+import typing
+
+
+class ConfigError(ValueError):
+    """A flag value or combination that cannot work; the message names the flag and the fix."""
+
+
+def flag(default, help: str, *, aliases=(), choices=None, type=None):
+    """A dataclass field carrying its command-line help."""
+    meta = {"help": help, "aliases": tuple(aliases), "choices": choices, "type": type}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda d=default: list(d), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _base_type(annotation):
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) and args:
+        return _base_type(args[0])
+    return annotation
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str) -> None:
+    group = parser.add_argument_group(title)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get("help"):
+            continue  # derived field, not a flag
+        dashed = "--" + f.name.replace("_", "-")
+        names = [dashed]
+        if "_" in f.name:
+            names.append("--" + f.name)
+        names += [a for a in f.metadata.get("aliases", ()) if a not in names]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        kwargs = dict(dest=f.name, default=default, help=f.metadata["help"])
+        hint = hints[f.name]
+        base = _base_type(hint)
+        if base is bool:
+            kwargs["action"] = "store_true"
+        elif typing.get_origin(base) is list:
+            item = typing.get_args(base)[0]
+            kwargs.update(nargs="+", type=f.metadata.get("type") or item)
+        else:
+            kwargs["type"] = f.metadata.get("type") or base
+            if f.metadata.get("choices"):
+                kwargs["choices"] = f.metadata["choices"]
+        group.add_argument(*names, **kwargs)
+
+
+def from_namespace(cls, ns: argparse.Namespace):
+    """Build `cls` from the parsed flags it owns (derived fields keep their defaults)."""
+    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)
+              if f.metadata.get("help") and hasattr(ns, f.name)}
+    return cls(**values)

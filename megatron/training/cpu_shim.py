@@ -1,0 +1,145 @@
+"""The one place where megatron-core 0.16.1 is made to run without CUDA.
+
+megatron-core assumes a CUDA device in a few spots even when every tensor is on the CPU:
+the tensor-parallel RNG tracker saves/restores *CUDA* generator state, gather buffers and DDP
+grad buffers are allocated on `torch.cuda.current_device()`, and p2p code calls
+`torch.cuda.synchronize()`. On a CPU-only torch each raises "Torch not compiled with CUDA
+enabled" (so does the causal mask of the unfused softmax). `apply()` redirects exactly those calls to their CPU meaning and is a no-op when CUDA
+is present, so GPU runs use stock megatron-core untouched. Nothing else in this repository
+branches on the device for megatron-core's sake.
+
+`tests/training/test_cpu_shim.py` fails if a megatron-core upgrade changes what is patched here.
+"""
+import functools
+import importlib
+import logging
+import types
+
+import torch
+
+_applied = False
+
+# Modules that create tensors with a literal device="cuda" (optimizer scale/found-inf buffers,
+# grad-norm accumulators, schedules' token counter, default causal masks). Each gets a `torch`
+# whose factory functions map a CUDA device to the CPU; all else is the real torch.
+DEVICE_LITERAL_MODULES = [
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.transformer.utils",
+    "megatron.core.utils",
+]
+_FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like")
+
+# (object, attribute) pairs this module replaces; the test checks each still exists upstream.
+PATCHED = [
+    (torch.cuda, "current_device"),
+    (torch.cuda, "synchronize"),
+    (torch.cuda, "get_rng_state"),
+    (torch.cuda, "set_rng_state"),
+    (torch.cuda, "manual_seed"),
+    (torch.cuda, "manual_seed_all"),
+    (torch.Tensor, "cuda"),
+    ("megatron.core.tensor_parallel.random", "_get_cuda_rng_state"),
+    ("megatron.core.tensor_parallel.random", "_set_cuda_rng_state"),
+    ("megatron.core.fusions.fused_softmax", "get_default_causal_mask"),
+    ("megatron.core.optimizer.clip_grads", "clip_grad_by_total_norm_fp32"),
+    ("megatron.core.optimizer.optimizer", "clip_grad_by_total_norm_fp32"),
+]
+
+
+def needed() -> bool:
+    return not torch.cuda.is_available()
+
+
+def _cpu_device():
+    return torch.device("cpu")
+
+
+def _get_rng_state(device="cuda", clone=False, graph_safe=False):
+    state = torch.get_rng_state()
+    return state.clone() if clone else state
+
+
+def _set_rng_state(new_state, device=-1, graph_safe=False):
+    torch.set_rng_state(new_state)
+
+
+def _causal_mask(sq: int) -> torch.Tensor:
+    return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+
+def _is_cuda(device) -> bool:
+    return device is not None and str(device).startswith("cuda")
+
+
+def _on_cpu(factory):
+    @functools.wraps(factory)
+    def wrapper(*args, device=None, **kwargs):
+        return factory(*args, device="cpu" if _is_cuda(device) else device, **kwargs)
+    return wrapper
+
+
+class _TorchOnCpu(types.ModuleType):
+    """`torch`, except that tensor factories asked for device "cuda" allocate on the CPU."""
+
+    def __init__(self):
+        super().__init__("torch")
+        for name in _FACTORIES:
+            setattr(self, name, _on_cpu(getattr(torch, name)))
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def _clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decoupled_grad=False):
+    """megatron-core's version asserts grads are torch.cuda.FloatTensor; same math on CPU."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    attr = "decoupled_grad" if use_decoupled_grad else "grad"
+    grads = [getattr(p, attr).detach() for p in parameters if getattr(p, attr, None) is not None]
+    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    if clip_coeff < 1.0:
+        torch._foreach_mul_(grads, clip_coeff)
+
+
+class _ExpectedOnCpu(logging.Filter):
+    """The tracker warns when the CPU generator moves inside fork(); on CPU that is the point."""
+
+    def filter(self, record):
+        return "CPU RNG state changed within GPU RNG context" not in record.getMessage()
+
+
+def apply() -> None:
+    """Patch the CUDA-only calls megatron-core makes, if (and only if) CUDA is absent."""
+    global _applied
+    if _applied or not needed():
+        return
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.tensor_parallel import random as tp_random
+
+    # "The CUDA generator" of the RNG tracker becomes the CPU generator, which is what CPU
+    # dropout draws from; fork() then swaps CPU states exactly as it swaps CUDA ones on GPUs.
+    torch.cuda.current_device = _cpu_device
+    # e.g. LanguageModule moves the tied output weight with .cuda() before its first all-reduce
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
+    # The tracker seeds "CUDA", snapshots, then restores the previous state; on CPU the same
+    # dance runs on the CPU generator. The driver re-seeds the CPU generator afterwards.
+    # (torch.manual_seed itself calls torch.cuda.manual_seed_all: that one must do nothing.)
+    torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
+    torch.cuda.manual_seed_all = lambda seed: None
+    tp_random._get_cuda_rng_state = _get_rng_state
+    tp_random._set_cuda_rng_state = _set_rng_state
+    logging.getLogger(tp_random.__name__).addFilter(_ExpectedOnCpu())
+    # The unfused softmax builds its causal mask with device="cuda".
+    fused_softmax.get_default_causal_mask = _causal_mask
+    cpu_torch = _TorchOnCpu()
+    for name in DEVICE_LITERAL_MODULES:
+        importlib.import_module(name).torch = cpu_torch
+    from megatron.core.optimizer import clip_grads, optimizer
+    clip_grads.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32
+    optimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32
+    _applied = True

@@ -1,0 +1,52 @@
+"""Process groups, seeds and the CPU shim: everything before the model exists."""
+import datetime
+import os
+import random
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
+from megatron.training import cpu_shim
+
+
+def initialize_distributed(args) -> None:
+    """torch.distributed + megatron-core's model-parallel groups + seeds."""
+    cpu_shim.apply()
+    backend = args.parallel.distributed_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(minutes=args.parallel.distributed_timeout_minutes))
+    if dist.get_world_size() != args.world_size:
+        raise RuntimeError(f"WORLD_SIZE={args.world_size} but the process group has "
+                           f"{dist.get_world_size()} ranks")
+    ps.initialize_model_parallel(tensor_model_parallel_size=args.tp,
+                                 pipeline_model_parallel_size=args.pp)
+    set_seeds(args.training.seed)
+
+
+def set_seeds(seed: int) -> None:
+    """Same seed on every rank: weights are keyed by name (model.py), data by sample index.
+
+    Dropout streams: the tensor-parallel tracker gives each TP rank its own stream inside
+    TP regions, as in Megatron; elsewhere every rank draws from the seed.
+    """
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    torch.manual_seed(seed)  # the tracker set the default generator; restore the data-parallel one
+
+
+def destroy() -> None:
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

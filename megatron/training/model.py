@@ -1,0 +1,136 @@
+"""The GPT model: megatron-core's GPTModel with Megatron's GPT-2-shaped defaults.
+
+Learned absolute positions, LayerNorm, GeLU, tied input/output embeddings: this maps one to one
+onto Hugging Face GPT2LMHeadModel (tools/checkpoint relies on that).
+
+Initial weights depend on --seed alone, never on the tp/pp split: every parameter is drawn
+from a generator keyed by (seed, its name in the *unsplit* model), in its full shape, and then
+sliced to this rank's shard. Stock Megatron offsets seeds by pipeline rank, so the same seed
+gives different models at different layouts; here, comparing layouts compares like with like.
+"""
+import hashlib
+import math
+import re
+from typing import Dict, Iterator, Tuple
+
+import torch
+
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer import TransformerConfig
+
+
+def transformer_config(args) -> TransformerConfig:
+    m = args.model
+    dtype = torch.bfloat16 if m.bf16 else torch.float16 if m.fp16 else torch.float32
+    on_gpu = torch.cuda.is_available()
+    return TransformerConfig(
+        num_layers=m.num_layers, hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads, ffn_hidden_size=m.ffn_hidden_size,
+        tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
+        attention_dropout=m.attention_dropout, hidden_dropout=m.hidden_dropout,
+        layernorm_epsilon=m.layernorm_epsilon, init_method_std=m.init_method_std,
+        normalization="LayerNorm", add_bias_linear=True, gated_linear_unit=False,
+        activation_func=torch.nn.functional.gelu,
+        bf16=m.bf16, fp16=m.fp16, params_dtype=dtype, pipeline_dtype=dtype,
+        # The fused kernels are CUDA-only; on CPU their unfused equivalents run.
+        gradient_accumulation_fusion=False, bias_activation_fusion=on_gpu,
+        masked_softmax_fusion=on_gpu, bias_dropout_fusion=on_gpu, apply_rope_fusion=False,
+        persist_layer_norm=False, use_cpu_initialization=True,
+        # Partial micro-batch pipelining is not used: our schedule sends whole tensors.
+        variable_seq_lengths=False, deallocate_pipeline_outputs=False)
+
+
+def build_gpt_model(args, config: TransformerConfig, padded_vocab_size: int,
+                    pre_process: bool, post_process: bool) -> GPTModel:
+    model = GPTModel(
+        config=config, transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=padded_vocab_size, max_sequence_length=args.model.max_position_embeddings,
+        pre_process=pre_process, post_process=post_process, parallel_output=True,
+        share_embeddings_and_output_weights=not args.model.untie_embeddings_and_output_weights,
+        position_embedding_type="learned_absolute")
+    init_weights_by_seed(model, args.training.seed, args.model.init_method_std,
+                         args.model.num_layers)
+    return model
+
+
+# --------------------------------------------------------------------------- global names
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+
+
+def global_param_names(model: GPTModel) -> Iterator[Tuple[str, str, torch.nn.Parameter]]:
+    """(local name, name in the unsplit model, parameter).
+
+    The global name replaces the local layer index with the layer's index in the whole
+    network, and names a tied output weight after the embedding it duplicates.
+    """
+    layers = getattr(getattr(model, "decoder", None), "layers", [])
+    offsets = {i: layer.layer_number - 1 for i, layer in enumerate(layers)}
+    for name, param in model.named_parameters():
+        gname = _LAYER.sub(lambda mt: f"decoder.layers.{offsets[int(mt.group(1))]}.", name)
+        if gname == "output_layer.weight" and model.share_embeddings_and_output_weights:
+            gname = "embedding.word_embeddings.weight"
+        yield name, gname, param
+
+
+def shard_info(param: torch.nn.Parameter) -> Tuple[int, int]:
+    """(partition dim or -1, tp world size) of a tensor-parallel parameter."""
+    from megatron.core import parallel_state as ps
+    if getattr(param, "tensor_model_parallel", False):
+        return param.partition_dim, ps.get_tensor_model_parallel_world_size()
+    return -1, 1
+
+
+def full_shape(param: torch.nn.Parameter) -> Tuple[int, ...]:
+    dim, tp = shard_info(param)
+    shape = list(param.shape)
+    if dim >= 0:
+        shape[dim] *= tp
+    return tuple(shape)
+
+
+def shard(full: torch.Tensor, param: torch.nn.Parameter) -> torch.Tensor:
+    """This rank's contiguous slice of an unsplit tensor (Megatron shards contiguously)."""
+    from megatron.core import parallel_state as ps
+    dim, tp = shard_info(param)
+    if dim < 0:
+        return full
+    return full.chunk(tp, dim=dim)[ps.get_tensor_model_parallel_rank()]
+
+
+# --------------------------------------------------------------------------- init
+
+def _generator(seed: int, name: str) -> torch.Generator:
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
+def initial_value(gname: str, shape, seed: int, std: float, num_layers: int) -> torch.Tensor:
+    """Megatron's GPT initialisation of one unsplit parameter, keyed by seed and name."""
+    if "layernorm" in gname or gname.endswith("norm.weight") or gname.endswith("norm.bias"):
+        return torch.ones(shape) if gname.endswith("weight") else torch.zeros(shape)
+    if gname.endswith(".bias"):
+        return torch.zeros(shape)
+    if gname.endswith(("linear_proj.weight", "linear_fc2.weight")):
+        std = std / math.sqrt(2.0 * num_layers)  # Megatron's scaled init for output projections
+    return torch.empty(shape).normal_(0.0, std, generator=_generator(seed, gname))
+
+
+@torch.no_grad()
+def init_weights_by_seed(model: GPTModel, seed: int, std: float, num_layers: int) -> None:
+    for _, gname, param in global_param_names(model):
+        value = initial_value(gname, full_shape(param), seed, std, num_layers)
+        param.copy_(shard(value, param).to(param.dtype))
+
+
+def unwrap(model):
+    """The GPTModel inside DDP / Float16Module wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def local_state_for_export(model) -> Dict[str, torch.Tensor]:
+    """{global name: local shard} for checkpoint tools."""
+    return {gname: p.detach() for _, gname, p in global_param_names(unwrap(model))}

@@ -1,0 +1,262 @@
+"""The training loop: one Trainer whose methods each do one step of Megatron's pretrain().
+
+    trainer = Trainer(args); trainer.train(); trainer.close()
+
+An iteration reads top to bottom in `train_step`: zero grads -> forward/backward over all
+micro-batches (pipeline channels fwd/bwd) -> gradient sync (dp and emb channels) -> optimizer
+step -> LR step. Compression lives entirely in the channel objects built by
+megatron.cc.build; the loop does not know which codecs run.
+"""
+import math
+import os
+import time
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from megatron.training.channels import build_grad_sync, build_pipeline_channels
+from megatron.cc.schedule import forward_backward_1f1b, forward_backward_no_pipelining, run_backward
+from megatron.cc.stats import ChannelStats
+from megatron.training import data as data_mod
+from megatron.training.checkpointing import CheckpointManager
+from megatron.training.model import build_gpt_model, transformer_config, unwrap
+from megatron.training.tokenizer import build_tokenizer
+
+
+def print_rank_last(msg: str) -> None:
+    """Megatron logs from the last rank: it holds the loss."""
+    if dist.get_rank() == dist.get_world_size() - 1:
+        print(msg, flush=True)
+
+
+def print_rank_0(msg: str) -> None:
+    if dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+class StageStep:
+    """Forward/backward of this pipeline stage for one micro-batch (see megatron.cc.schedule)."""
+
+    def __init__(self, trainer: "Trainer", dataset, consumed: int, forward_only=False):
+        self.t = trainer
+        self.dataset = dataset
+        self.consumed = consumed
+        self.forward_only = forward_only
+        self.losses: List[torch.Tensor] = []
+
+    def sample_ids(self, mb: int) -> torch.Tensor:
+        return self.t.batches.sample_ids(self.consumed, mb, ps.get_data_parallel_rank())
+
+    def forward(self, input_tensor, mb: int):
+        model, M = self.t.model, self.t.args.num_microbatches
+        first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+        batch = data_mod.collate(self.dataset, self.sample_ids(mb)) if first or last else {}
+        unwrap(model).set_input_tensor(input_tensor)
+        with torch.set_grad_enabled(not self.forward_only):
+            out = model(batch.get("tokens") if first else None,
+                        batch.get("position_ids") if first else None, None,
+                        labels=batch.get("labels") if last else None)
+        if not last:
+            return out
+        mask = batch["loss_mask"].float()
+        loss = (out.float() * mask).sum() / mask.sum()   # out: (B, S) per-token loss
+        self.losses.append(loss.detach())
+        return loss / M
+
+    def backward(self, input_tensor, output_tensor, output_grad):
+        return run_backward(input_tensor, output_tensor, output_grad)
+
+
+class Trainer:
+    def __init__(self, args):
+        self.args = args
+        self.stats = ChannelStats()
+        self.tokenizer = self._build_tokenizer()
+        self.padded_vocab_size = args.model.padded_vocab_size(self.tokenizer.vocab_size, args.tp)
+        self.config = transformer_config(args)
+        self.model = self._build_model()
+        self.optimizer, self.scheduler = self._build_optimizer()
+        self.batches = data_mod.MicroBatchSchedule(args.training.micro_batch_size, args.dp,
+                                                   args.num_microbatches)
+        self.channels = build_pipeline_channels(args, self.config, self.stats)
+        self.grad_sync = build_grad_sync(args, self.model, self.stats)
+        self.iteration, self.consumed_samples = 0, 0
+        self.train_ds, self.valid_ds, _ = self._build_datasets()
+        self.writer = self._tensorboard()
+        self.ckpt = CheckpointManager(args, self)
+        self.ckpt.register("pipeline_channels", self.channels)
+        self.ckpt.register("grad_sync", self.grad_sync)
+        self.loss_history: List[float] = []
+        self.valid_history: List[tuple] = []
+        if args.checkpoint.load:
+            self.ckpt.load(args.checkpoint.load)
+
+    # ---------------------------------------------------------------- construction
+    def _build_tokenizer(self):
+        d = self.args.data
+        return build_tokenizer(d.tokenizer_type, d.vocab_file, d.merge_file, d.tokenizer_model)
+
+    def _build_model(self):
+        model = build_gpt_model(self.args, self.config, self.padded_vocab_size,
+                                pre_process=ps.is_pipeline_first_stage(),
+                                post_process=ps.is_pipeline_last_stage())
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False,
+            bucket_size=None)
+        return DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=model)
+
+    def _build_optimizer(self):
+        a, m = self.args.training, self.args.model
+        opt_config = OptimizerConfig(
+            optimizer="adam", lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay,
+            adam_beta1=a.adam_beta1, adam_beta2=a.adam_beta2, adam_eps=a.adam_eps,
+            clip_grad=a.clip_grad, bf16=m.bf16, fp16=m.fp16,
+            params_dtype=self.config.params_dtype)
+        optimizer = get_megatron_optimizer(opt_config, [self.model])
+        decay_iters = a.lr_decay_iters or a.train_iters
+        warmup = (int(a.lr_warmup_fraction * decay_iters) if a.lr_warmup_fraction is not None
+                  else a.lr_warmup_iters)
+        scheduler = OptimizerParamScheduler(
+            optimizer, init_lr=0.0 if warmup else a.lr, max_lr=a.lr, min_lr=a.min_lr,
+            lr_warmup_steps=warmup, lr_decay_steps=decay_iters,
+            lr_decay_style=a.lr_decay_style, start_wd=a.weight_decay, end_wd=a.weight_decay,
+            wd_incr_steps=decay_iters, wd_incr_style="constant")
+        return optimizer, scheduler
+
+    def _build_datasets(self):
+        a = self.args
+        gbs = self.batches.global_batch_size
+        sizes = [a.training.train_iters * gbs,
+                 max(1, a.logging.eval_iters) * gbs * (a.training.train_iters // max(1, a.logging.eval_interval) + 1),
+                 0]
+        # megatron-core builds on rank 0 first and makes the others wait for its index cache.
+        return data_mod.build_datasets(a.data.data_path, a.data.split, a.model.seq_length,
+                                       a.training.seed, self.tokenizer, sizes,
+                                       a.data.data_cache_path)
+
+    def _tensorboard(self):
+        d = self.args.logging.tensorboard_dir
+        if not d or dist.get_rank() != dist.get_world_size() - 1:
+            return None
+        from torch.utils.tensorboard import SummaryWriter
+        return SummaryWriter(log_dir=d)
+
+    # ---------------------------------------------------------------- one iteration
+    def forward_backward(self, dataset, consumed: int, forward_only=False) -> StageStep:
+        step = StageStep(self, dataset, consumed, forward_only)
+        if self.args.pp == 1:
+            forward_backward_no_pipelining(step, self.args.num_microbatches, forward_only)
+        else:
+            forward_backward_1f1b(step, self.channels, self.args.num_microbatches,
+                                  self.iteration, ps.get_pipeline_model_parallel_rank(),
+                                  self.args.pp, forward_only)
+        return step
+
+    def train_step(self) -> Dict[str, float]:
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        step = self.forward_backward(self.train_ds, self.consumed_samples)
+        self.grad_sync(self.model, self.iteration)
+        ok, grad_norm, _ = self.optimizer.step()
+        self.scheduler.step(increment=1)
+        self.iteration += 1
+        self.consumed_samples += self.batches.global_batch_size
+        return {"lm loss": self._reduce_loss(step.losses), "grad norm": grad_norm or 0.0,
+                "skipped": 0 if ok else 1}
+
+    def _reduce_loss(self, losses: List[torch.Tensor]) -> float:
+        """Mean over micro-batches and replicas, known on the last stage (nan elsewhere)."""
+        if not ps.is_pipeline_last_stage():
+            return float("nan")
+        value = torch.stack(losses).mean().reshape(1)
+        dist.all_reduce(value, group=ps.get_data_parallel_group())
+        return value.item() / ps.get_data_parallel_world_size()
+
+    # ---------------------------------------------------------------- loop
+    def train(self) -> None:
+        a = self.args
+        t_log, iters_since_log = time.time(), 0
+        self.stats.reset()
+        while self.iteration < a.training.train_iters:
+            metrics = self.train_step()
+            iters_since_log += 1
+            if ps.is_pipeline_last_stage():
+                self.loss_history.append(metrics["lm loss"])
+            if self.iteration % a.logging.log_interval == 0:
+                elapsed = (time.time() - t_log) / iters_since_log
+                self.log(metrics, elapsed, iters_since_log)
+                t_log, iters_since_log = time.time(), 0
+            if a.logging.eval_interval and self.iteration % a.logging.eval_interval == 0:
+                self.evaluate()
+            if a.checkpoint.save and a.checkpoint.save_interval and \
+                    self.iteration % a.checkpoint.save_interval == 0:
+                self.ckpt.save(a.checkpoint.save)
+            if a.checkpoint.exit_interval and self.iteration % a.checkpoint.exit_interval == 0:
+                break
+        if a.checkpoint.save and (not a.checkpoint.save_interval
+                                  or self.iteration % a.checkpoint.save_interval):
+            self.ckpt.save(a.checkpoint.save)
+
+    def log(self, metrics: Dict[str, float], elapsed: float, iters: int) -> None:
+        a = self.args
+        snapshots = [None] * dist.get_world_size()
+        dist.all_gather_object(snapshots, self.stats.snapshot())  # sync point: log steps only
+        totals = ChannelStats.merge(snapshots)
+        self.stats.reset()
+        tokens_per_s = self.batches.global_batch_size * a.model.seq_length / max(elapsed, 1e-9)
+        lr = self.scheduler.get_lr(self.optimizer.param_groups[0])
+        line = (f" iteration {self.iteration:8d}/{a.training.train_iters:8d} |"
+                f" consumed samples: {self.consumed_samples:12d} |"
+                f" elapsed time per iteration (ms): {elapsed * 1000:.1f} |"
+                f" learning rate: {lr:.6E} |"
+                f" global batch size: {self.batches.global_batch_size:5d} |"
+                f" lm loss: {metrics['lm loss']:.6E} |"
+                f" grad norm: {metrics['grad norm']:.3f} |"
+                f" number of skipped iterations: {metrics['skipped']:3d} |"
+                f" tokens/s: {tokens_per_s:.0f} |")
+        comm = ChannelStats.format(totals, iters)
+        if comm:
+            line += f" {comm} |"
+        print_rank_last(line)
+        if self.writer is not None:
+            self.writer.add_scalar("lm loss", metrics["lm loss"], self.iteration)
+            self.writer.add_scalar("learning-rate", lr, self.iteration)
+            self.writer.add_scalar("grad-norm", metrics["grad norm"], self.iteration)
+            self.writer.add_scalar("tokens-per-second", tokens_per_s, self.iteration)
+            for c, v in totals.items():
+                self.writer.add_scalar(f"bytes/{c}", v["sent"] / max(iters, 1), self.iteration)
+
+    @torch.no_grad()
+    def evaluate(self) -> Optional[float]:
+        """Validation on the same first `eval_iters` batches every time: comparable curves."""
+        a = self.args
+        if not a.logging.eval_iters or self.valid_ds is None or len(self.valid_ds) == 0:
+            return None
+        self.model.eval()
+        losses = []
+        for i in range(a.logging.eval_iters):
+            step = self.forward_backward(self.valid_ds, i * self.batches.global_batch_size,
+                                         forward_only=True)
+            losses.append(self._reduce_loss(step.losses))
+        self.model.train()
+        loss = sum(losses) / len(losses)
+        ppl = math.exp(min(20.0, loss)) if not math.isnan(loss) else float("nan")
+        if ps.is_pipeline_last_stage():
+            self.valid_history.append((self.iteration, loss))
+            msg = (f" validation loss at iteration {self.iteration} | lm loss value: {loss:.6E} |"
+                   f" lm loss PPL: {ppl:.6E} |")
+            print_rank_last("-" * len(msg) + "\n" + msg + "\n" + "-" * len(msg))
+            if self.writer is not None:
+                self.writer.add_scalar("lm loss validation", loss, self.iteration)
+                self.writer.add_scalar("lm loss validation ppl", ppl, self.iteration)
+        return loss
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,65 @@
+"""Pretrain a GPT model with tensor x pipeline x data parallelism and compressed communication.
+
+CPU demo (8 processes, TP2 x PP2 x DP2, the embedded corpus and tokenizer):
+    OMP_NUM_THREADS=1 torchrun --nproc-per-node 8 pretrain_gpt.py \
+        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+        --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 \
+        --micro-batch-size 4 --global-batch-size 32 --train-iters 300 --lr 1e-3
+
+GPU node (8 GPUs, your data):
+    torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 4 \
+        --pipeline-model-parallel-size 2 --num-layers 24 --hidden-size 1024 \
+        --num-attention-heads 16 --seq-length 1024 --micro-batch-size 8 \
+        --global-batch-size 256 --train-iters 10000 --lr 3e-4 --bf16 \
+        --data-path my_text_document --vocab-file vocab.json --merge-file merges.txt
+
+See examples/ for multi-node torchrun, Slurm and LSF, and README.md for the compression flags.
+"""
+import os
+import sys
+import traceback
+
+from megatron.training.arguments import ConfigError, parse_args
+
+
+def resolve_default_data(args) -> None:
+    """No --data-path: train on the embedded corpus with its own tokenizer (built once, cached)."""
+    if args.data.data_path:
+        return
+    from megatron.training.corpus import default_assets
+    assets = default_assets()
+    args.data.data_path = [assets.data_prefix]
+    if args.data.vocab_file is None and args.data.tokenizer_type == "GPT2BPETokenizer":
+        args.data.vocab_file, args.data.merge_file = assets.vocab_file, assets.merge_file
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(argv)
+    except ConfigError as e:
+        rank = os.environ.get("RANK", "0")
+        print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
+        return 2
+    resolve_default_data(args)
+
+    from megatron.training.initialize import destroy, initialize_distributed
+    from megatron.training.training import Trainer
+    try:
+        initialize_distributed(args)
+        trainer = Trainer(args)
+        trainer.train()
+        trainer.evaluate()
+        trainer.close()
+    except Exception:
+        # Never leave the other ranks blocked in a collective: report and exit hard; torchrun
+        # (or srun --kill-on-bad-exit) then stops the rest of the job.
+        rank = os.environ.get("RANK", "0")
+        print(f"[rank {rank}] training failed:\n{traceback.format_exc()}", file=sys.stderr,
+              flush=True)
+        os._exit(1)
+    destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""One helper for every multi-process test: spawn N gloo ranks, collect results, never hang.
+
+    results = run_distributed(worker, world_size=4, args=(x,), timeout=120)
+
+`worker(rank, world_size, *args)` runs in a fresh process with torch.distributed already
+initialised on gloo (OMP_NUM_THREADS=1); its return value (picklable) comes back in
+`results[rank]`. An exception on any rank, or the timeout, kills every rank and raises here
+with the failing rank's traceback, so a broken collective fails the test instead of hanging it.
+"""
+import os
+import socket
+import traceback
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(worker, rank, world_size, port, args, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        out = worker(rank, world_size, *args)
+        queue.put((rank, True, out))
+    except BaseException:  # report everything, including SystemExit from argument checks
+        queue.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_distributed(worker, world_size, args=(), timeout=300):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(worker, r, world_size, port, args, queue), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results, errors = {}, {}
+    try:
+        import queue as _q
+        import time
+        deadline = time.monotonic() + timeout
+        while len(results) + len(errors) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"distributed test timed out after {timeout}s; "
+                                   f"finished ranks: {sorted(results)}; failed: {sorted(errors)}")
+            try:
+                rank, ok, out = queue.get(timeout=min(remaining, 1.0))
+            except _q.Empty:
+                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)
+                        and i not in results and i not in errors]
+                if dead:
+                    raise RuntimeError(f"rank(s) {dead} died with exit codes "
+                                       f"{[procs[i].exitcode for i in dead]}")
+                continue
+            (results if ok else errors)[rank] = out
+            if errors:  # one failure is enough: the others may be stuck in a collective
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=5 if not errors else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if errors:
+        rank = min(errors)
+        raise RuntimeError(f"rank {rank} failed:\n{errors[rank]}")
+    return [results[r] for r in range(world_size)]
