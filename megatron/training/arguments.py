@@ -54,6 +54,7 @@ class ModelArgs:
         False, "Separate output layer instead of reusing the word embedding (not GPT-2 shaped).")
     make_vocab_size_divisible_by: int = flag(
         128, "Pad the vocabulary to a multiple of this times TP (Megatron's rule).")
+    openai_gelu: bool = flag(False, "tanh-approximated GeLU, as OpenAI's GPT-2 (HF 'gelu_new').")
     init_method_std: float = flag(0.02, "Std of the normal weight initialisation.")
     layernorm_epsilon: float = flag(1e-5, "LayerNorm epsilon.")
     bf16: bool = flag(False, "bfloat16 mixed precision (GPU).")

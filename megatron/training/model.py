@@ -8,6 +8,7 @@ from a generator keyed by (seed, its name in the *unsplit* model), in its full s
 sliced to this rank's shard. Stock Megatron offsets seeds by pipeline rank, so the same seed
 gives different models at different layouts; here, comparing layouts compares like with like.
 """
+import functools
 import hashlib
 import math
 import re
@@ -31,7 +32,8 @@ def transformer_config(args) -> TransformerConfig:
         attention_dropout=m.attention_dropout, hidden_dropout=m.hidden_dropout,
         layernorm_epsilon=m.layernorm_epsilon, init_method_std=m.init_method_std,
         normalization="LayerNorm", add_bias_linear=True, gated_linear_unit=False,
-        activation_func=torch.nn.functional.gelu,
+        activation_func=(functools.partial(torch.nn.functional.gelu, approximate="tanh")
+                         if m.openai_gelu else torch.nn.functional.gelu),
         bf16=m.bf16, fp16=m.fp16, params_dtype=dtype, pipeline_dtype=dtype,
         # The fused kernels are CUDA-only; on CPU their unfused equivalents run.
         gradient_accumulation_fusion=False, bias_activation_fusion=on_gpu,
