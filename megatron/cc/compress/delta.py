@@ -1,0 +1,331 @@
+"""AC-SGD activation delta compression ("delta", "delta-lowbits") and its activation cache.
+
+Both ends of a forward channel keep a cache of the last activation transmitted for every
+training sample, keyed by the sample's dataset index (CodecContext.sample_ids). For an
+activation x of shape (S, B, H) (seq-first) and the cached c of its B samples:
+
+    sender:   d = x - c;  payload = fixpoint_b(d);  c <- c + deQ(payload)
+    receiver: x_hat = c + deQ(payload);             c <- x_hat
+
+Both sides compute `c + deQ(codes, scales)` from identical codes, scales and cache bytes with
+the same float32 operations, so the two caches stay bit-identical.
+
+First sight of a sample: its cache slot starts at zero, so the first send quantises x itself
+(d = x) with the same b-bit format; the payload size never depends on the data or on the
+history. Use `observe(x, ctx)` on BOTH ends when a message goes uncompressed (AC-SGD warm-up
+epochs): it stores x exactly (up to the cache dtype) so later deltas start from the truth.
+
+Payload = fixpoint payload of d: [codes uint8 (ceil(S*B*H*b/8),), scales fp16 (num_scales,)],
+per hidden channel by default (num_scales = H).
+
+Cache (ActivationCache), `capacity` samples of shape (S, H), storage "ram" or "disk:PATH"
+(a numpy memmap file; PATH may be an existing directory, then a fresh file is made in it and
+removed by close() -- give a directory when several caches share a node, since two caches on
+one file would overwrite each other):
+    "delta":         S*H*element_size(cache_dtype) bytes per sample;
+    "delta-lowbits": cache kept quantised to bits_act bits with one fp16 scale per token row,
+                     ceil(S*H/8)*bits_act + 2*S bytes per sample.
+The cache checks at construction that it fits (RAM: MemAvailable or ram_limit_bytes; disk: free
+space) and raises CacheTooLarge with the numbers if not. When more distinct samples arrive
+than it holds, the least recently used sample is evicted (deterministically, so both ends evict
+the same one) and treated as unseen next time.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from .base import Codec, parse_dtype, register
+from .quant import FixpointCodec, dequantize, pack_bits, quantize, unpack_bits
+
+
+class CacheTooLarge(ValueError):
+    """The activation cache does not fit in the memory or disk space available."""
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class ActivationCache:
+    """Per-sample activation store, keyed by dataset sample id, LRU beyond `capacity`.
+
+    Every slot is a row of bytes: a dense (S, H) tensor of `dtype`, or (bits given) packed
+    `bits`-bit codes followed by S fp16 per-row scales. Values go in and out as float32.
+
+    Args:
+        capacity: number of samples held (--max-activation-cache-size).
+        sample_shape: (S, H) of one sample's activation.
+        dtype: element type of dense storage (ignored when bits is set).
+        storage: "ram" or "disk:PATH".
+        bits: None for dense storage, else 1..8 (delta-lowbits' bits_act).
+        ram_limit_bytes: refuse a RAM cache larger than this (default: MemAvailable).
+    """
+
+    def __init__(self, capacity: int, sample_shape, dtype=torch.float32, storage: str = "ram",
+                 bits: int | None = None, ram_limit_bytes: int | None = None):
+        if capacity < 1:
+            raise ValueError(f"activation cache capacity must be >= 1, got {capacity}")
+        self.capacity, self.sample_shape = capacity, tuple(int(s) for s in sample_shape)
+        if len(self.sample_shape) != 2:
+            raise ValueError(f"sample_shape must be (seq, hidden), got {sample_shape}")
+        self.dtype, self.bits, self.storage = parse_dtype(dtype), bits, storage
+        self.slot_bytes = self.bytes_per_sample(self.sample_shape, self.dtype, bits)
+        self.path: str | None = None
+        self._check_fits(ram_limit_bytes)
+        self.data = self._allocate()                       # (capacity, slot_bytes) uint8
+        self.slots: OrderedDict[int, int] = OrderedDict()  # sample id -> slot, LRU first
+        self.evictions = 0
+
+    # ---------------------------------------------------------------- size and allocation
+    @staticmethod
+    def bytes_per_sample(sample_shape, dtype=torch.float32, bits: int | None = None) -> int:
+        s, h = sample_shape
+        if bits is None:
+            return s * h * torch.empty((), dtype=parse_dtype(dtype)).element_size()
+        return -(-s * h // 8) * bits + 2 * s
+
+    @property
+    def nbytes(self) -> int:
+        return self.capacity * self.slot_bytes
+
+    def describe(self) -> str:
+        """One line for the start-up log: what the cache holds, where, and how big it is."""
+        what = f"{self.bits}-bit" if self.bits else str(self.dtype).replace("torch.", "")
+        where = "RAM" if self.storage == "ram" else f"disk ({self.path})"
+        return (f"activation cache: {self.capacity} samples x {self.sample_shape[0]}x"
+                f"{self.sample_shape[1]} {what} in {where} = {_gib(self.nbytes)}")
+
+    def _check_fits(self, ram_limit_bytes: int | None) -> None:
+        need = self.nbytes
+        if self.storage == "ram":
+            limit = ram_limit_bytes if ram_limit_bytes is not None else _mem_available()
+            if limit is not None and need > limit:
+                raise CacheTooLarge(
+                    f"activation cache needs {_gib(need)} ({need} bytes: {self.capacity} samples x "
+                    f"{self.slot_bytes} bytes) but only {_gib(limit)} of RAM is available; lower "
+                    f"--max-activation-cache-size, use delta-lowbits or disk storage")
+            return
+        if not self.storage.startswith("disk:") or len(self.storage) == 5:
+            raise ValueError(f"storage must be 'ram' or 'disk:PATH', got {self.storage!r}")
+        path = self.storage[5:]
+        self._own_file = os.path.isdir(path)
+        if self._own_file:
+            fd, path = tempfile.mkstemp(prefix="activation_cache_", suffix=".bin", dir=path)
+            os.close(fd)
+        self.path = path
+        have = os.path.getsize(path) if os.path.exists(path) else 0
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free + have
+        if need > free:
+            raise CacheTooLarge(
+                f"activation cache needs {_gib(need)} ({need} bytes) on disk at {path} but only "
+                f"{_gib(free)} is free there; lower --max-activation-cache-size or use delta-lowbits")
+
+    def _allocate(self) -> torch.Tensor:
+        shape = (self.capacity, self.slot_bytes)
+        if self.path is None:
+            return torch.zeros(shape, dtype=torch.uint8)
+        self._memmap = np.memmap(self.path, dtype=np.uint8, mode="w+", shape=shape)
+        return torch.from_numpy(self._memmap)  # shares the file's pages
+
+    def close(self) -> None:
+        """Flush a disk cache; delete its file if this cache created it in a directory."""
+        if self.path is None:
+            return
+        self._memmap.flush()
+        if self._own_file and os.path.exists(self.path):
+            self.data = self._memmap = None
+            os.remove(self.path)
+
+    # ------------------------------------------------------------------ slots and values
+    def assign(self, ids) -> tuple[torch.Tensor, int]:
+        """Slots of these sample ids (new ones zeroed, LRU evicted); returns (slots, #new)."""
+        ids = [int(i) for i in (ids.tolist() if torch.is_tensor(ids) else ids)]
+        if len(set(ids)) > self.capacity:
+            raise ValueError(f"{len(set(ids))} distinct samples in one micro-batch exceed the "
+                             f"activation cache capacity {self.capacity}")
+        for i in ids:
+            if i in self.slots:
+                self.slots.move_to_end(i)
+        fresh = []
+        for i in ids:
+            if i in self.slots:
+                continue
+            if len(self.slots) < self.capacity:
+                slot = len(self.slots)  # slots are never freed, so the used ones are 0..k-1
+            else:
+                _, slot = self.slots.popitem(last=False)
+                self.evictions += 1
+            self.slots[i] = slot
+            fresh.append(slot)
+        if fresh:
+            self.data[fresh] = 0
+        return torch.tensor([self.slots[i] for i in ids], dtype=torch.long), len(fresh)
+
+    def read(self, slots: torch.Tensor) -> torch.Tensor:
+        """(B, S, H) float32 values of these slots."""
+        rows = self.data.index_select(0, slots)  # (B, slot_bytes); memcpy per row
+        b, (s, h) = rows.shape[0], self.sample_shape
+        if self.bits is None:
+            return rows.view(self.dtype).reshape(b, s, h).float()
+        ncode = self.slot_bytes - 2 * s
+        codes = unpack_bits(rows[:, :ncode].reshape(-1), self.bits, b * ncode * 8 // self.bits)
+        codes = codes.view(b, -1)[:, :s * h]
+        scales = rows[:, ncode:].contiguous().view(torch.float16).reshape(-1)
+        return dequantize(codes, scales, self.bits, (b, s, h), "tile", h)
+
+    def write(self, slots: torch.Tensor, values: torch.Tensor) -> None:
+        """Store (B, S, H) float32 values into these slots (cast or quantised)."""
+        b, (s, h) = values.shape[0], self.sample_shape
+        if self.bits is None:
+            rows = values.to(self.dtype).reshape(b, -1).contiguous().view(torch.uint8)
+        else:
+            codes, scales = quantize(values, self.bits, "tile", h)  # one scale per token row
+            codes = codes.reshape(b, -1)
+            pad = -codes.shape[1] % 8  # whole bytes per sample
+            if pad:
+                codes = torch.cat([codes, codes.new_zeros(b, pad)], dim=1)
+            packed = pack_bits(codes, self.bits).view(b, -1)
+            rows = torch.cat([packed, scales.view(b, s).view(torch.uint8)], dim=1)
+        for i, slot in enumerate(slots.tolist()):  # row memcpy: far faster than index_put
+            self.data[slot].copy_(rows[i])
+
+    # -------------------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        entries = torch.tensor(list(self.slots.items()), dtype=torch.long).reshape(-1, 2)
+        if self.path is not None:
+            self._memmap.flush()
+        return {"sample_shape": self.sample_shape, "entries": entries,
+                "data": self.data[entries[:, 1]].clone(), "evictions": self.evictions,
+                "path": self.path}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if tuple(sd["sample_shape"]) != self.sample_shape:
+            raise ValueError(f"cache state is for samples {tuple(sd['sample_shape'])}, "
+                             f"this cache holds {self.sample_shape}")
+        entries = sd["entries"]
+        if entries.shape[0] > self.capacity or sd["data"].shape[1] != self.slot_bytes:
+            raise ValueError("cache state does not fit this cache's capacity or format")
+        slots = sorted(entries[:, 1].tolist())
+        if slots != list(range(len(slots))):
+            raise ValueError("cache state's slots are not 0..k-1")
+        self.data.zero_()
+        self.slots = OrderedDict((int(i), int(s)) for i, s in entries.tolist())  # LRU order kept
+        if slots:
+            self.data[entries[:, 1]] = sd["data"]
+        self.evictions = int(sd.get("evictions", 0))
+
+
+@register("delta")
+class DeltaCodec(Codec):
+    """AC-SGD delta compression of (S, B, H) activations against a per-sample cache.
+
+    Args:
+        bits: bits per delta value (--forward-bits).
+        capacity: samples in the cache (--max-activation-cache-size).
+        sample_shape: (S, H); None = taken from the first message.
+        cache_dtype: dense cache element type ("float32", "float16", "bfloat16").
+        storage: "ram" or "disk:PATH".
+        granularity, group_size: fixpoint groups of the delta (default per hidden channel).
+        bits_act: None = dense cache; 1..8 = cache quantised to that many bits (delta-lowbits).
+        ram_limit_bytes: refuse a RAM cache bigger than this (default: MemAvailable).
+    """
+
+    name = "delta"
+
+    def __init__(self, bits: int = 4, capacity: int = 1024, sample_shape=None,
+                 cache_dtype="float32", storage: str = "ram", granularity: str = "channel",
+                 group_size: int = 128, bits_act: int | None = None,
+                 ram_limit_bytes: int | None = None):
+        self.q = FixpointCodec(bits, granularity, group_size)
+        self.cache_args = dict(capacity=capacity, dtype=cache_dtype, storage=storage,
+                               bits=bits_act, ram_limit_bytes=ram_limit_bytes)
+        self.cache: ActivationCache | None = None
+        if sample_shape is not None:
+            self.cache = ActivationCache(sample_shape=sample_shape, **self.cache_args)
+        self.first_sights = 0  # samples sent against an empty slot so far
+
+    def _cache(self, shape, ids) -> tuple[ActivationCache, torch.Tensor]:
+        if len(shape) != 3:
+            raise ValueError(f"delta codecs take (S, B, H) activations, got shape {tuple(shape)}")
+        if ids is None or len(ids) != shape[1]:
+            raise ValueError(f"delta codecs need ctx.sample_ids with one id per sample "
+                             f"(B={shape[1]}), got {None if ids is None else len(ids)}")
+        if self.cache is None:
+            self.cache = ActivationCache(sample_shape=(shape[0], shape[2]), **self.cache_args)
+        if self.cache.sample_shape != (shape[0], shape[2]):
+            raise ValueError(f"activation of shape {tuple(shape)} does not match the cache's "
+                             f"samples {self.cache.sample_shape}")
+        slots, fresh = self.cache.assign(ids)
+        self.first_sights += fresh
+        return self.cache, slots
+
+    def describe(self) -> str:
+        return self.cache.describe() if self.cache else "activation cache: allocated on first use"
+
+    def payload_spec(self, shape, dtype):
+        return self.q.payload_spec(shape, dtype)
+
+    def encode(self, x, ctx):
+        cache, slots = self._cache(x.shape, ctx.sample_ids)
+        prev = cache.read(slots).transpose(0, 1)          # (S, B, H) view of our own copy
+        codes, scales = self.q.quantize(x.float() - prev)
+        new = prev.add_(self.q.dequantize(codes, scales, x.shape))  # same op as decode's
+        cache.write(slots, new.transpose(0, 1))
+        return [pack_bits(codes, self.q.bits), scales]
+
+    def decode(self, payload, shape, dtype, ctx):
+        cache, slots = self._cache(shape, ctx.sample_ids)
+        prev = cache.read(slots).transpose(0, 1)
+        codes = unpack_bits(payload[0], self.q.bits, math.prod(shape))
+        x_hat = prev.add_(self.q.dequantize(codes, payload[1], tuple(shape)))
+        cache.write(slots, x_hat.transpose(0, 1))
+        return x_hat.to(dtype)
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
+
+    def observe(self, x: torch.Tensor, ctx) -> None:
+        """Record an activation that went uncompressed (call on both ends, same x)."""
+        cache, slots = self._cache(x.shape, ctx.sample_ids)
+        cache.write(slots, x.float().transpose(0, 1))
+
+    def state_dict(self):
+        return {"cache": None if self.cache is None else self.cache.state_dict(),
+                "first_sights": self.first_sights}
+
+    def load_state_dict(self, sd):
+        self.first_sights = int(sd.get("first_sights", 0))
+        if sd.get("cache") is None:
+            return
+        if self.cache is None:
+            self.cache = ActivationCache(sample_shape=sd["cache"]["sample_shape"], **self.cache_args)
+        self.cache.load_state_dict(sd["cache"])
+
+
+@register("delta-lowbits")
+class DeltaLowbitsCodec(DeltaCodec):
+    """`delta` with the cache stored at bits_act bits (--forward-bits-act), per-token scales."""
+
+    name = "delta-lowbits"
+
+    def __init__(self, bits: int = 4, bits_act: int = 8, **kwargs):
+        super().__init__(bits=bits, bits_act=bits_act, **kwargs)

@@ -1,0 +1,143 @@
+"""Optimus-CC compressed backpropagation (CB) with lazy error propagation (LEP).
+
+One PowerSGD step per message, no all-reduce: the gradient x of shape (..., m) is viewed as
+M (n x m) with n = prod of all but the last dim and m = the last dim (tokens x hidden);
+
+    sender:   [M <- M + E]              (LEP, if error_feedback)
+              P = M Q;  orthogonalise P's columns;  Q <- M^T P   (Q persists: warm start)
+              payload = [P (n x r), Q (m x r)] in payload_dtype
+              [E <- M - P Q^T]          (from the payload as sent, so casts count as error)
+    receiver: M_hat = P Q^T
+
+    payload bytes = r * (n + m) * element_size(payload_dtype)      when r <  min(n, m)
+                  = n * m * element_size(payload_dtype)            when r >= min(n, m)
+
+Full rank (r >= min(n, m)): a rank-r factorisation then costs r(n+m) >= n*m elements, more than
+the matrix itself, so the codec sends M itself (one payload tensor, n x m). Reconstruction is
+then exact whenever payload_dtype is the gradient's dtype (the default). Which case applies is
+a function of the shape and r only, so payload_spec stays data-independent.
+
+Q (m x r, fp32) is kept per input shape (different shapes get separate Q's), initialised from a
+generator seeded with `seed` (the same for every shape, independent of call order). A column
+of the new Q that comes out exactly zero (zero gradient) keeps its previous value, so a zero
+message never kills the warm start. E is kept per input shape too; it carries over across
+micro-batches and iterations and is never sent on its own. Q and E are in state_dict.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import Codec, parse_dtype, register
+
+
+def orthogonalize_(p: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Orthonormalise the columns of p (..., n, r) in place by Gram-Schmidt; returns p.
+
+    Each column is divided by (its norm + eps), so an all-zero column stays zero instead of
+    turning into NaNs; eps=0 gives plain Gram-Schmidt (equivalent to a QR's Q up to signs).
+    Run it in fp32: squares of fp16 values under- and overflow.
+    """
+    r = p.shape[-1]
+    for i in range(r):
+        col = p[..., i:i + 1]
+        col.div_(torch.linalg.vector_norm(col, dim=-2, keepdim=True) + eps)
+        if i + 1 < r:
+            rest = p[..., i + 1:]
+            rest.sub_(col @ (col.transpose(-1, -2) @ rest))
+    return p
+
+
+def matrix_dims(shape) -> tuple[int, int]:
+    """(n, m): rows = product of all dims but the last, columns = the last dim."""
+    shape = tuple(shape)
+    m = shape[-1] if shape else 1
+    return (math.prod(shape) // m if m else 0), m
+
+
+def _key(shape) -> str:
+    return "x".join(str(int(s)) for s in shape)
+
+
+@register("lowrank")
+class LowRankCodec(Codec):
+    """Rank-r PowerSGD compression of one gradient message (Optimus-CC CB, with LEP).
+
+    Args:
+        rank: r, columns of P and Q (Optimus-CC --inter-grad-comp-rank; paper 16).
+        error_feedback: keep the sender-side error buffer E (--use-error-feedback).
+        payload_dtype: dtype of P and Q on the wire; None = the gradient's dtype.
+        seed: seed of the generator that initialises every Q.
+        eps: added to column norms in `orthogonalize_`.
+    """
+
+    name = "lowrank"
+
+    def __init__(self, rank: int = 12, error_feedback: bool = False, payload_dtype=None,
+                 seed: int = 0, eps: float = 1e-8):
+        if rank < 1:
+            raise ValueError(f"rank must be >= 1, got {rank}")
+        self.rank, self.error_feedback, self.seed, self.eps = rank, error_feedback, seed, eps
+        self.payload_dtype = parse_dtype(payload_dtype)
+        self.qs: dict[str, torch.Tensor] = {}      # shape key -> Q (m x r), fp32
+        self.errors: dict[str, torch.Tensor] = {}  # shape key -> E (n x m), fp32
+
+    def full_rank(self, shape) -> bool:
+        """True when the matrix itself is sent (r >= min(n, m))."""
+        n, m = matrix_dims(shape)
+        return self.rank >= min(n, m)
+
+    def payload_spec(self, shape, dtype):
+        n, m = matrix_dims(shape)
+        pd = self.payload_dtype or dtype
+        if self.full_rank(shape):
+            return [((n, m), pd)]
+        return [((n, self.rank), pd), ((m, self.rank), pd)]
+
+    def error(self, shape) -> torch.Tensor | None:
+        """The LEP error buffer for messages of `shape` (n x m, fp32), or None."""
+        return self.errors.get(_key(shape))
+
+    def _initial_q(self, m: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed)
+        return torch.randn(m, self.rank, generator=g)
+
+    def encode(self, x, ctx=None):
+        n, m = matrix_dims(x.shape)
+        key, pd = _key(x.shape), self.payload_dtype or x.dtype
+        M = x.reshape(n, m).float()
+        if self.error_feedback and key in self.errors:
+            M = M + self.errors[key]
+        if self.full_rank(x.shape):
+            payload = [M.to(pd).contiguous()]
+            sent = (payload[0].float(), None)
+        else:
+            q_old = self.qs[key] if key in self.qs else self._initial_q(m)
+            P = orthogonalize_(M @ q_old, self.eps)
+            Q = M.t() @ P
+            dead = torch.linalg.vector_norm(Q, dim=0) == 0
+            if bool(dead.any()):
+                Q[:, dead] = q_old[:, dead]
+            self.qs[key] = Q
+            payload = [P.to(pd), Q.to(pd)]
+            sent = (payload[0].float(), payload[1].float())
+        if self.error_feedback:
+            P_s, Q_s = sent
+            # E = M - M_hat, with M_hat rebuilt from what was sent (as the receiver does).
+            self.errors[key] = M - P_s if Q_s is None else torch.addmm(M, P_s, Q_s.t(), alpha=-1)
+        return payload
+
+    def decode(self, payload, shape, dtype, ctx=None):
+        if len(payload) == 1:
+            return payload[0].reshape(shape).to(dtype)
+        P, Q = payload
+        return (P.float() @ Q.float().t()).reshape(shape).to(dtype)
+
+    def state_dict(self):
+        return {"qs": {k: v.clone() for k, v in self.qs.items()},
+                "errors": {k: v.clone() for k, v in self.errors.items()}}
+
+    def load_state_dict(self, sd):
+        self.qs = {k: v.clone().float() for k, v in sd.get("qs", {}).items()}
+        self.errors = {k: v.clone().float() for k, v in sd.get("errors", {}).items()}

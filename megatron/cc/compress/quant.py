@@ -1,0 +1,279 @@
+"""n-bit packing and symmetric fixpoint quantisation (AC-SGD fixpoint, CocktailSGD values,
+TAH-Quant backward tiles).
+
+Bit packing: n-bit unsigned codes (n in 1..8) are laid out as one little-endian bit stream,
+code i in stream bits [i*n, (i+1)*n), stream bit k = bit (k % 8) of byte k // 8, and the
+stream is padded with zero bits to a whole byte. `numel` codes cost exactly
+
+    packed_nbytes(numel, n) = ceil(numel * n / 8) bytes.
+
+Quantisation (symmetric, one scale per group, round to nearest):
+    S     = max|x| over the group, stored in 16 bits (float16 by default, bfloat16 option),
+            rounded UP to the next representable value so that |x| <= S always holds
+            (float16 saturates at 65504: larger values are clipped to it);
+    b >= 2: L = 2^(b-1) - 1, step = S / L, code = round(x / step) + L in [0, 2L]
+            (mid-tread: zero is exact; code 2^b - 1 is unused);
+    b == 1: step = 2 S, code = round(x / step + 1/2) in {0, 1}, i.e. x_hat = +-S (sign).
+    x_hat = (code - c0) * step with c0 = L (b >= 2) or 1/2 (b == 1).
+Round to nearest gives |x - x_hat| <= step / 2 per group; stochastic rounding (unbiased,
+from a seeded torch.Generator) gives |x - x_hat| < step.
+
+Groups (`granularity`), for x of shape (..., C):
+    "tensor":  one scale;                                   num_scales = 1
+    "channel": per last-dim index, max over all other dims
+               (AC-SGD's per hidden channel);               num_scales = C
+    "bucket":  flattened x cut into buckets of k values
+               (CocktailSGD: k = 128);                      num_scales = ceil(numel / k)
+    "tile":    every row's last dim cut into tiles of t
+               (t a power of two; TAH backward);            num_scales = rows * ceil(C / t)
+
+Codec "fixpoint" payload = [packed codes uint8 (ceil(numel*b/8),), scales (num_scales,)]:
+
+    payload bytes = ceil(numel * b / 8) + 2 * num_scales
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import Codec, parse_dtype, register
+
+GRANULARITIES = ("tensor", "channel", "bucket", "tile")
+
+
+# ---------------------------------------------------------------------------- bit packing
+def packed_nbytes(numel: int, bits: int) -> int:
+    """Bytes that `numel` codes of `bits` bits take once packed: ceil(numel * bits / 8)."""
+    return (numel * bits + 7) // 8
+
+
+def _check_bits(bits: int) -> None:
+    if not (isinstance(bits, int) and 1 <= bits <= 8):
+        raise ValueError(f"bits must be an int in 1..8, got {bits!r}")
+
+
+def _overlaps(bits: int) -> list[tuple[int, int, int]]:
+    """(code j, byte k, shift) for every code of an 8-code group that touches byte k of the
+    group's `bits` bytes; shift = 8k - bits*j (code bit i sits at byte bit i - shift)."""
+    return [(j, k, 8 * k - bits * j) for j in range(8) for k in range(bits)
+            if bits * j < 8 * k + 8 and 8 * k < bits * j + bits]
+
+
+def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack uint8 codes (each < 2**bits, any shape) into a 1-D uint8 bit stream."""
+    _check_bits(bits)
+    c = codes.reshape(-1).to(torch.uint8)
+    n = c.numel()
+    if bits == 8:
+        return c.clone()
+    groups = -(-n // 8)  # 8 codes of b bits fill exactly b bytes
+    if groups * 8 != n:
+        c = torch.cat([c, c.new_zeros(groups * 8 - n)])
+    c = c.view(groups, 8)
+    cols: list[torch.Tensor | None] = [None] * bits
+    for j, k, s in _overlaps(bits):  # all in uint8: bits shifted past 8 fall off
+        part = c[:, j] >> s if s >= 0 else c[:, j] << -s
+        cols[k] = part if cols[k] is None else cols[k].bitwise_or_(part)
+    return torch.stack(cols, dim=1).reshape(-1)[:packed_nbytes(n, bits)]
+
+
+def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
+    """Inverse of `pack_bits`: the first `numel` codes as a 1-D uint8 tensor."""
+    _check_bits(bits)
+    p = packed.reshape(-1)
+    if p.numel() != packed_nbytes(numel, bits):
+        raise ValueError(f"{p.numel()} packed bytes, expected ceil({numel}*{bits}/8)")
+    if bits == 8:
+        return p.clone()
+    groups = -(-numel // 8)
+    if groups * bits != p.numel():
+        p = torch.cat([p, p.new_zeros(groups * bits - p.numel())])
+    p = p.view(groups, bits)
+    cols: list[torch.Tensor | None] = [None] * 8
+    for j, k, s in _overlaps(bits):
+        part = p[:, k] << s if s >= 0 else p[:, k] >> -s
+        cols[j] = part if cols[j] is None else cols[j].bitwise_or_(part)
+    out = torch.stack(cols, dim=1)
+    out &= (1 << bits) - 1
+    return out.reshape(-1)[:numel]
+
+
+# ------------------------------------------------------------------------------- groups
+def num_scales(shape, granularity: str, group_size: int = 128) -> int:
+    """How many scales a tensor of `shape` needs; depends on the shape only."""
+    shape = tuple(shape)
+    numel = math.prod(shape)
+    if granularity == "tensor":
+        return 1
+    if granularity == "channel":
+        return shape[-1] if shape else 1
+    if granularity == "bucket":
+        return -(-numel // group_size)
+    if granularity == "tile":
+        c = shape[-1] if shape else 1
+        return (numel // max(c, 1)) * -(-c // group_size)
+    raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+
+
+def _to_groups(t: torch.Tensor, granularity: str, g: int) -> tuple[torch.Tensor, int]:
+    """View (zero-padded copy where needed) of t in which reducing dim `red` gives one value
+    per group, in scale order."""
+    c = t.shape[-1] if t.dim() else 1
+    if granularity == "tensor":
+        return t.reshape(1, -1), 1
+    if granularity == "channel":
+        return t.reshape(-1, c), 0
+    if granularity == "bucket":
+        flat = t.reshape(-1)
+        pad = -flat.numel() % g
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(pad)])
+        return flat.view(-1, g), 1
+    rows = t.reshape(-1, c)
+    pad = -c % g
+    if pad:
+        rows = torch.cat([rows, rows.new_zeros(rows.shape[0], pad)], dim=1)
+    return rows.view(rows.shape[0], -1, g), 2
+
+
+def _from_groups(tg: torch.Tensor, granularity: str, shape) -> torch.Tensor:
+    """Undo `_to_groups`: drop the padding, return a tensor of `shape`."""
+    shape = tuple(shape)
+    numel = math.prod(shape)
+    if granularity == "bucket":
+        return tg.reshape(-1)[:numel].reshape(shape)
+    if granularity == "tile":
+        c = shape[-1] if shape else 1
+        return tg.reshape(tg.shape[0], -1)[:, :c].reshape(shape)
+    return tg.reshape(shape)
+
+
+def store_scale(s: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
+    """Round non-negative fp32 scales UP to `scale_dtype` (saturating at its max), so the
+    stored scale never under-covers the data it was taken from."""
+    s = s.clamp(max=torch.finfo(scale_dtype).max)
+    q = s.to(scale_dtype)
+    low = q.float() < s
+    if bool(low.any()):
+        q = torch.where(low, torch.nextafter(q, torch.full_like(q, math.inf)), q)
+    return q
+
+
+def _grid(bits: int) -> tuple[float, float]:
+    """(c0, levels-per-scale): x_hat = (code - c0) * scale / levels_per_scale."""
+    if bits == 1:
+        return 0.5, 0.5  # step = 2 S
+    L = (1 << (bits - 1)) - 1
+    return float(L), L
+
+
+def quant_step(scales: torch.Tensor, bits: int) -> torch.Tensor:
+    """Quantisation step (fp32) for each stored scale."""
+    return scales.float() / _grid(bits)[1]
+
+
+def quantize(x: torch.Tensor, bits: int, granularity: str = "channel", group_size: int = 128,
+             scale_dtype: torch.dtype = torch.float16,
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric fixpoint quantisation.
+
+    Returns (codes, scales): codes uint8 of x's shape with values in [0, 2**bits - 1],
+    scales (num_scales,) in scale_dtype. A generator switches on stochastic rounding.
+    """
+    _check_bits(bits)
+    xg, red = _to_groups(x.float(), granularity, group_size)
+    # max|x| = max(-min, max): no |x| temporary (and amin/amax beat aminmax on CPU)
+    scales = store_scale(torch.maximum(xg.amin(dim=red).neg_(), xg.amax(dim=red)), scale_dtype)
+    step = quant_step(scales, bits)
+    step = torch.where(step > 0, step, torch.ones_like(step)).unsqueeze(red)
+    c0, _ = _grid(bits)
+    v = xg / step
+    v += c0
+    if generator is None:
+        v.round_()
+    else:
+        v += torch.rand(v.shape, generator=generator)
+        v.floor_()
+    v.clamp_(0, 1 if bits == 1 else 2 * int(c0))
+    codes = _from_groups(v.to(torch.uint8), granularity, x.shape)
+    return codes, scales.reshape(-1)
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, bits: int, shape,
+               granularity: str = "channel", group_size: int = 128,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x_hat = (code - c0) * step, as a tensor of `shape` and `dtype` (math in fp32)."""
+    c0, _ = _grid(bits)
+    v = codes.reshape(shape).float()
+    v -= c0
+    vg, red = _to_groups(v, granularity, group_size)
+    vg.mul_(quant_step(scales, bits).view(_scale_view(vg, red)))  # v is our own buffer
+    return _from_groups(vg, granularity, shape).to(dtype)
+
+
+def _scale_view(vg: torch.Tensor, red: int) -> list[int]:
+    """Broadcast shape of the flat scales against a grouped tensor reduced over `red`."""
+    shape = list(vg.shape)
+    shape[red] = 1
+    return shape
+
+
+# -------------------------------------------------------------------------------- codec
+@register("fixpoint")
+class FixpointCodec(Codec):
+    """Symmetric b-bit fixpoint with bit packing; see the module docstring for the format.
+
+    Args:
+        bits: 1..8 bits per value.
+        granularity: "channel" (AC-SGD), "bucket" (CocktailSGD), "tile" (TAH backward)
+            or "tensor".
+        group_size: bucket size k or tile size t (a power of two for tiles).
+        scale_dtype: "float16" (default) or "bfloat16" for the stored scales.
+        stochastic: unbiased stochastic rounding instead of round-to-nearest.
+        seed: seed of the stochastic-rounding generator (its state is in state_dict).
+    """
+
+    name = "fixpoint"
+
+    def __init__(self, bits: int = 8, granularity: str = "channel", group_size: int = 128,
+                 scale_dtype="float16", stochastic: bool = False, seed: int = 0):
+        _check_bits(bits)
+        if granularity not in GRANULARITIES:
+            raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+        if group_size < 1 or (granularity == "tile" and group_size & (group_size - 1)):
+            raise ValueError(f"group_size must be >= 1 (a power of two for tiles), got {group_size}")
+        self.bits, self.granularity, self.group_size = bits, granularity, group_size
+        self.scale_dtype = parse_dtype(scale_dtype)
+        if self.scale_dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"scale_dtype must be float16 or bfloat16, got {scale_dtype!r}")
+        self.generator = torch.Generator().manual_seed(seed) if stochastic else None
+
+    def payload_spec(self, shape, dtype):
+        numel = math.prod(shape)
+        return [((packed_nbytes(numel, self.bits),), torch.uint8),
+                ((num_scales(shape, self.granularity, self.group_size),), self.scale_dtype)]
+
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unpacked (codes, scales) of x."""
+        return quantize(x, self.bits, self.granularity, self.group_size, self.scale_dtype,
+                        self.generator)
+
+    def dequantize(self, codes, scales, shape, dtype=torch.float32) -> torch.Tensor:
+        return dequantize(codes, scales, self.bits, shape, self.granularity, self.group_size,
+                          dtype)
+
+    def encode(self, x, ctx=None):
+        codes, scales = self.quantize(x)
+        return [pack_bits(codes, self.bits), scales]
+
+    def decode(self, payload, shape, dtype, ctx=None):
+        codes = unpack_bits(payload[0], self.bits, math.prod(shape))
+        return self.dequantize(codes, payload[1], tuple(shape), dtype)
+
+    def state_dict(self):
+        return {} if self.generator is None else {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, sd):
+        if self.generator is not None and "generator" in sd:
+            self.generator.set_state(sd["generator"])
