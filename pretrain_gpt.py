@@ -17,6 +17,7 @@ See examples/ for multi-node torchrun, Slurm and LSF, and README.md for the comp
 """
 import os
 import sys
+import time
 import traceback
 
 from megatron.training.arguments import ConfigError, parse_args
@@ -39,6 +40,9 @@ def main(argv=None) -> int:
     except ConfigError as e:
         rank = os.environ.get("RANK", "0")
         print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
+        # Every rank reaches the same verdict in milliseconds; linger briefly so that a
+        # launcher that kills the job on the first exit does not cut the others' message.
+        time.sleep(3 if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0)
         return 2
     resolve_default_data(args)
 
@@ -48,7 +52,7 @@ def main(argv=None) -> int:
         initialize_distributed(args)
         trainer = Trainer(args)
         trainer.train()
-        trainer.evaluate()
+        trainer.final_evaluate()
         trainer.close()
     except Exception:
         # Never leave the other ranks blocked in a collective: report and exit hard; torchrun

@@ -151,11 +151,13 @@ class DataArgs:
     def validate(self) -> None:
         if self.data_path:
             _check_blend(self.data_path)
+            from megatron.training.data import check_index_file
             for prefix in self.data_path[1::2] if len(self.data_path) > 1 else self.data_path:
                 for ext in (".bin", ".idx"):
                     if not os.path.isfile(prefix + ext):
                         raise ConfigError(f"--data-path: {prefix + ext} does not exist; give the "
                                           f"prefix written by tools/preprocess_data.py")
+                check_index_file(prefix)
         try:
             parts = [float(x) for x in self.split.replace("/", ",").split(",")]
             assert len(parts) <= 3 and sum(parts) > 0 and min(parts) >= 0

@@ -257,6 +257,12 @@ class Trainer:
                 self.writer.add_scalar("lm loss validation ppl", ppl, self.iteration)
         return loss
 
+    def final_evaluate(self) -> None:
+        """Validation after the last iteration, unless the loop just ran it."""
+        interval = self.args.logging.eval_interval
+        if not interval or self.iteration % interval:
+            self.evaluate()
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()

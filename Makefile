@@ -1,0 +1,40 @@
+# Two commands on a fresh machine with Python 3.11:
+#   make demo   set up .venv, then TP2 x PP2 x DP2 pretraining with compression on 8 CPU processes
+#   make test   set up .venv, then the test suite
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch first and pinned: the CPU wheel here; on a GPU machine install the CUDA build of the
+# same release before `make` (pip then keeps it).
+TORCH  ?= torch==2.13.0
+NPROC  ?= 8
+
+.PHONY: setup demo test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[test,eval]"
+	touch $@
+
+demo: setup
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --nproc-per-node $(NPROC) pretrain_gpt.py \
+	    --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+	    --num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 128 \
+	    --micro-batch-size 4 --global-batch-size 32 --train-iters 300 \
+	    --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 20 --lr-decay-style cosine \
+	    --log-interval 20 --eval-interval 100 --eval-iters 4 \
+	    --save runs/demo/checkpoints --save-interval 150 \
+	    $(DEMO_COMPRESSION) $(ARGS)
+
+test: setup
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests $(ARGS)
+
+bench: setup
+	OMP_NUM_THREADS=1 $(BIN)/python bench/bench_vs_huggingface.py
+
+clean:
+	rm -rf $(VENV) runs .cache

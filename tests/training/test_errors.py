@@ -1,0 +1,73 @@
+"""Bad input stops every rank with one clear line naming the flag or file, within 60 s.
+
+Each case launches pretrain_gpt.py under torchrun, as a user would.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import tiny_gpt_argv
+from tests.distributed import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _launch(nproc, argv, timeout=60):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-port", str(free_port()), os.path.join(ROOT, "pretrain_gpt.py")] + argv
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def corrupt(tiny_corpus, tmp_path_factory):
+    d = tmp_path_factory.mktemp("corrupt")
+    with open(tiny_corpus["prefix"] + ".idx", "rb") as f:
+        idx = f.read()
+    with open(tiny_corpus["prefix"] + ".bin", "rb") as f:
+        binary = f.read()
+    (d / "trunc.idx").write_bytes(idx[: len(idx) // 2])
+    (d / "trunc.bin").write_bytes(binary)
+    (d / "foreign.idx").write_bytes(b"NOTANIDX" + idx[8:])
+    (d / "foreign.bin").write_bytes(binary)
+    (d / "vocab.json").write_text("{not json")
+    return d
+
+
+CASES = [
+    # (id, nproc, flag overrides, expected fragment)
+    ("world-not-divisible", 3, {"tensor-model-parallel-size": 2},
+     "world size (3) is not divisible by --tensor-model-parallel-size (2)"),
+    ("gbs-not-divisible", 2, {"global-batch-size": 7},
+     "--global-batch-size (7) is not divisible by --micro-batch-size (1) x data-parallel size (2)"),
+    ("layers-not-divisible", 2, {"pipeline-model-parallel-size": 2, "num-layers": 3},
+     "--num-layers (3) is not divisible by --pipeline-model-parallel-size (2)"),
+    ("heads-not-divisible", 2, {"tensor-model-parallel-size": 2, "num-attention-heads": 3,
+                                "hidden-size": 48},
+     "--num-attention-heads (3) is not divisible by --tensor-model-parallel-size (2)"),
+    ("hidden-not-divisible", 1, {"num-attention-heads": 4, "hidden-size": 30},
+     "--hidden-size (30) is not divisible by --num-attention-heads (4)"),
+    ("missing-data", 2, {"data-path": "/nonexistent/corpus_text_document"},
+     "/nonexistent/corpus_text_document.bin does not exist"),
+    ("truncated-idx", 2, {"data-path": "{corrupt}/trunc"}, "trunc.idx is truncated or corrupt"),
+    ("foreign-idx", 2, {"data-path": "{corrupt}/foreign"}, "foreign.idx is not a Megatron .idx"),
+    ("missing-vocab", 2, {"vocab-file": "/nonexistent/vocab.json"},
+     "--vocab-file /nonexistent/vocab.json does not exist"),
+    ("corrupt-vocab", 2, {"vocab-file": "{corrupt}/vocab.json"}, "is not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("name,nproc,overrides,expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_fails_fast_on_every_rank(tiny_corpus, corrupt, name, nproc, overrides,
+                                            expected):
+    overrides = {k: (v.format(corrupt=corrupt) if isinstance(v, str) else v)
+                 for k, v in overrides.items()}
+    result = _launch(nproc, tiny_gpt_argv(tiny_corpus, **overrides))
+    assert result.returncode != 0
+    for rank in range(nproc):
+        lines = [l for l in result.stderr.splitlines() if l.startswith(f"[rank {rank}] error:")]
+        assert lines, f"rank {rank} printed no error line:\n{result.stderr[-3000:]}"
+        assert expected in lines[0], lines[0]
