@@ -41,6 +41,11 @@ class Link:
     def compressed(self, msg: Message) -> bool:
         return self.codec is not None and (self.policy is None or self.policy(msg))
 
+    def _observe(self, x: torch.Tensor, msg: Message) -> None:
+        """Uncompressed message: codecs with caches (delta) still record it, on both ends."""
+        if self.codec is not None and hasattr(self.codec, "observe"):
+            self.codec.observe(x.detach(), self._ctx(msg))
+
     def _ctx(self, msg: Message):
         from megatron.cc.compress.base import CodecContext
         return CodecContext(microbatch=msg.microbatch, iteration=msg.iteration,
@@ -49,6 +54,7 @@ class Link:
     # sender side
     def encode(self, x: torch.Tensor, msg: Message) -> List[torch.Tensor]:
         if not self.compressed(msg):
+            self._observe(x, msg)
             return [x.detach().contiguous()]
         return [p.contiguous() for p in self.codec.encode(x.detach(), self._ctx(msg))]
 
@@ -62,6 +68,7 @@ class Link:
 
     def decode(self, payload: List[torch.Tensor], shape, dtype, msg: Message) -> torch.Tensor:
         if not self.compressed(msg):
+            self._observe(payload[0], msg)
             return payload[0]
         return self.codec.decode(payload, torch.Size(shape), dtype, self._ctx(msg))
 

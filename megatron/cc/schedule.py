@@ -16,11 +16,7 @@ from typing import List
 import torch
 
 from megatron.cc.p2p import Message, PipelineChannels
-
-
-def num_warmup_microbatches(pp_rank: int, pp_size: int, num_microbatches: int) -> int:
-    """Forward passes stage `pp_rank` runs before its first backward in 1F1B."""
-    return min(pp_size - pp_rank - 1, num_microbatches)
+from megatron.cc.policy import num_warmup_microbatches
 
 
 def run_backward(input_tensor, output_tensor, output_grad):
