@@ -6,9 +6,7 @@ and hands both to the library's constructors.
 """
 from megatron.core import parallel_state as ps
 
-from megatron.cc.grad_sync import (EmbeddingSync, ExactDataParallelSync, FusedEmbeddingSync,
-                                   GradSync, PowerSGDDataParallelSync,
-                                   create_fused_embedding_group)
+from megatron.cc.grad_sync import EmbeddingSync, ExactDataParallelSync, GradSync
 from megatron.cc.p2p import Link, PipelineChannels
 
 
@@ -33,24 +31,7 @@ def build_pipeline_channels(args, config, stats) -> PipelineChannels:
 
 
 def build_grad_sync(args, model, stats) -> GradSync:
-    """dp channel (exact, or PowerSGD on the first k stages) + emb channel (plain or fused).
-
-    Collective when --emb-comm-opt and pp > 1 (creates the fused groups): call on every rank.
-    """
-    c = args.compression
-    dp_group = ps.get_data_parallel_group()
-    stage = ps.get_pipeline_model_parallel_rank()
-    fused = c.emb_comm_opt and args.pp > 1   # pp == 1: the embedding goes with the dp sync
-    if args.dp > 1 and stage < c.compressed_stages(args.pp):
-        dp = PowerSGDDataParallelSync(
-            dp_group, stats, rank=c.grad_comp_rank,
-            warm_up_iters=int(c.grad_comp_warm_up * args.training.train_iters),
-            exclude_embedding=fused, seed=args.training.seed)
-    else:
-        dp = ExactDataParallelSync(dp_group, stats, exclude_embedding=fused)
-    member = ps.is_rank_in_embedding_group(ignore_virtual=True)
-    if fused:
-        group = create_fused_embedding_group(ps.get_tensor_model_parallel_rank(), member)
-        return GradSync(dp, FusedEmbeddingSync(group, stats, args.dp))
-    emb_group = ps.get_embedding_group(check_initialized=False) if member else None
+    dp = ExactDataParallelSync(ps.get_data_parallel_group(), stats)
+    emb_group = ps.get_embedding_group(check_initialized=False) \
+        if ps.is_rank_in_embedding_group(ignore_virtual=True) else None
     return GradSync(dp, EmbeddingSync(emb_group, stats))
