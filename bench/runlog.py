@@ -1,0 +1,87 @@
+"""Launch pretrain_gpt.py under torchrun and parse its Megatron log lines (for benchmarks)."""
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ITER = re.compile(r" iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)"
+                   r".*?lm loss: ([\d.E+-]+)")
+_VALID = re.compile(r"validation loss at iteration (\d+) \| lm loss value: ([\d.E+-]+)")
+_BYTES = re.compile(r"([a-z-]+) bytes: ([\d.]+)(B|KB|MB|GB) \(x([\d.inf]+)\)")
+_UNIT = {"B": 1, "KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3}
+
+
+@dataclass
+class RunResult:
+    name: str
+    losses: Dict[int, float] = field(default_factory=dict)
+    valid: Dict[int, float] = field(default_factory=dict)
+    ms_per_iter: List[float] = field(default_factory=list)
+    bytes_per_iter: Dict[str, float] = field(default_factory=dict)   # last log line's
+    ratio: Dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+    log: str = ""
+
+    @property
+    def final_valid(self) -> Optional[float]:
+        return self.valid[max(self.valid)] if self.valid else None
+
+    @property
+    def steady_ms(self) -> float:
+        """Median time per iteration after the first log interval (start-up excluded)."""
+        xs = sorted(self.ms_per_iter[1:] or self.ms_per_iter)
+        return xs[len(xs) // 2] if xs else float("nan")
+
+
+def parse_log(name: str, text: str) -> RunResult:
+    r = RunResult(name, log=text)
+    for line in text.splitlines():
+        m = _ITER.search(line)
+        if m:
+            r.losses[int(m.group(1))] = float(m.group(3))
+            r.ms_per_iter.append(float(m.group(2)))
+            for ch, num, unit, ratio in _BYTES.findall(line):
+                r.bytes_per_iter[ch] = float(num) * _UNIT[unit]
+                r.ratio[ch] = float(ratio)
+        m = _VALID.search(line)
+        if m:
+            r.valid[int(m.group(1))] = float(m.group(2))
+    return r
+
+
+def run_pretrain(name: str, nproc: int, flags: List[str], port: int = 29650,
+                 timeout: int = 3600, env: Optional[dict] = None) -> RunResult:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-port", str(port), os.path.join(ROOT, "pretrain_gpt.py")] + flags
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
+    t0 = time.time()
+    p = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+    if p.returncode:
+        raise RuntimeError(f"{name} failed:\n{p.stderr[-4000:]}")
+    r = parse_log(name, p.stdout)
+    r.wall_s = time.time() - t0
+    return r
+
+
+def plot_losses(results: List[RunResult], path: str, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in results:
+        its = sorted(r.losses)
+        ax.plot(its, [r.losses[i] for i in its], label=f"{r.name} (train)")
+        if r.valid:
+            vits = sorted(r.valid)
+            ax.plot(vits, [r.valid[i] for i in vits], "o--", label=f"{r.name} (valid)")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("lm loss")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=110)
