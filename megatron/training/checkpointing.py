@@ -150,7 +150,8 @@ class CheckpointManager:
                 "consumed_samples": t.consumed_samples,
                 "args": self.args.to_dict(),
                 "layout": {"tp": self.args.tp, "pp": self.args.pp, "tp_rank": tp_rank,
-                           "pp_rank": pp_rank, "padded_vocab_size": t.padded_vocab_size},
+                           "pp_rank": pp_rank, "padded_vocab_size": t.padded_vocab_size,
+                           "vocab_size": t.tokenizer.vocab_size},
                 "model": unwrap(t.model).state_dict(),
                 "optimizer_by_name": named_optimizer_state(t.optimizer, t.model) if fp32 else None,
                 "optimizer": None if fp32 else t.optimizer.state_dict(),
@@ -196,6 +197,9 @@ class CheckpointManager:
                 load_named_optimizer_state(t.optimizer, t.model, sd["optimizer_by_name"])
             else:
                 t.optimizer.load_state_dict(sd["optimizer"])
+            if sd["opt_param_scheduler"] is None:
+                raise ValueError(f"--load {root}: this checkpoint holds weights only (e.g. made "
+                                 f"by tools/checkpoint/import_hf.py); load it with --finetune")
             t.scheduler.load_state_dict(sd["opt_param_scheduler"])
         rank_file = os.path.join(iter_dir(root, iteration), "rank_state",
                                  f"rank_{dist.get_rank():05d}.pt")

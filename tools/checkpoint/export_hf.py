@@ -1,0 +1,105 @@
+"""Export a checkpoint (any tp x pp layout) as a Hugging Face GPT2LMHeadModel directory.
+
+    python tools/checkpoint/export_hf.py --load ckpts/run1 --output hf/run1 \\
+        --vocab-file vocab.json --merge-file merges.txt
+    # hf/run1: config.json, generation_config.json, model.safetensors, tokenizer files;
+    # transformers.AutoModelForCausalLM.from_pretrained("hf/run1") loads it offline.
+
+The tokenizer defaults to the files the checkpoint was trained with (if they still exist);
+--vocab-file/--merge-file (GPT-2 BPE) or --tokenizer-model (a local HF tokenizer directory)
+override it. The embedding is cut from the padded vocabulary to the tokenizer's size.
+
+Models GPT-2 cannot express are refused with the flag named (for example
+--untie-embeddings-and-output-weights: GPT2LMHeadModel ties lm_head to wte).
+
+The directory is assembled under <output>.tmp-<pid>/ and renamed into place when complete.
+"""
+import argparse
+import os
+import shutil
+import sys
+import time
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__)))))
+
+import torch  # noqa: E402
+
+from tools.checkpoint.common import (  # noqa: E402
+    add_tokenizer_flags, build_tokenizer_from, fail, replace_dir)
+from tools.checkpoint.gpt2_mapping import (  # noqa: E402
+    ConversionError, hf_config, to_hf, unsupported_features)
+from tools.checkpoint.layout import (  # noqa: E402
+    CheckpointError, FullCheckpoint, merge, read_checkpoint)
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--load", required=True, help="Checkpoint directory (any tp x pp layout).")
+    p.add_argument("--output", required=True, help="Hugging Face model directory to write "
+                   "(replaced if it exists).")
+    p.add_argument("--iteration", type=int, default=None,
+                   help="Iteration to export (default: the latest).")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="Dtype of the saved weights (default float32).")
+    add_tokenizer_flags(p, purpose="saved with the model; default: the checkpoint's")
+    p.add_argument("--no-progress", action="store_true", help="Hide the progress bars.")
+    return p
+
+
+def build_hf_model(full: FullCheckpoint, tokenizer, dtype: torch.dtype = torch.float32):
+    """A transformers GPT2LMHeadModel holding the checkpoint's weights."""
+    from transformers import GPT2LMHeadModel
+    config = hf_config(full.model_args, tokenizer.vocab_size, tokenizer.eod, dtype)
+    state = to_hf(full.params, full.model_args, tokenizer.vocab_size)
+    model = GPT2LMHeadModel(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to wte
+    if missing or unexpected:
+        raise ConversionError(f"GPT-2 state dict mismatch: missing {missing}, "
+                              f"unexpected {unexpected}")
+    model.tie_weights()
+    return model.to(dtype).eval()
+
+
+def export(load: str, output: str, tokenizer_flags=None, iteration=None,
+           dtype: str = "float32", progress: bool = False) -> str:
+    """Write the Hugging Face directory; returns its path."""
+    full = merge(read_checkpoint(load, iteration, progress), progress)
+    reasons = unsupported_features(full.model_args)
+    if reasons:  # before anything else: the answer does not depend on the tokenizer
+        raise ConversionError("this model cannot be written as a Hugging Face GPT-2: "
+                              + "; ".join(reasons))
+    tokenizer = build_tokenizer_from(tokenizer_flags or argparse.Namespace(), full.args,
+                                     required=True)
+    model = build_hf_model(full, tokenizer, DTYPES[dtype])
+    output = os.path.abspath(output)
+    tmp = f"{output}.tmp-{os.getpid()}"
+    os.makedirs(tmp, exist_ok=True)
+    try:
+        model.save_pretrained(tmp)  # config.json, generation_config.json, model.safetensors
+        tokenizer.save_pretrained(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_dir(tmp, output)
+    return output
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    t0 = time.time()
+    try:
+        out = export(a.load, a.output, a, a.iteration, a.dtype, progress=not a.no_progress)
+    except (CheckpointError, ConversionError, ValueError) as e:
+        return fail(str(e))
+    print(f"wrote Hugging Face GPT-2 to {out} in {time.time() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Import a Hugging Face GPT-2 into our checkpoint layout at any tensor x pipeline split.
+
+    python tools/checkpoint/import_hf.py --hf-model hf/gpt2 --save ckpts/gpt2_tp2pp2 \\
+        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+    # then fine-tune: pretrain_gpt.py <the model flags it prints> \\
+    #     --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \\
+    #     --load ckpts/gpt2_tp2pp2 --finetune --tokenizer-type HuggingFaceTokenizer \\
+    #     --tokenizer-model hf/gpt2 ...
+
+Writes an iteration-0 checkpoint with model weights only (no optimizer or scheduler state):
+load it with --finetune. The args stored in it carry the architecture read from config.json
+(n_layer, n_embd, n_head, n_inner, n_positions, layer_norm_epsilon; activation 'gelu_new' /
+'gelu_pytorch_tanh' becomes --openai-gelu) and, if the directory holds tokenizer files, the
+tokenizer as --tokenizer-type HuggingFaceTokenizer --tokenizer-model <dir>. The vocabulary is
+padded with zero rows to Megatron's multiple (--make-vocab-size-divisible-by x tp); logits of
+real tokens equal GPT-2's, while the padding entries (logit 0) join the training softmax.
+
+From Python (the fine-tuning code):
+
+    from tools.checkpoint.import_hf import import_hf_gpt2
+    shards = import_hf_gpt2("hf/gpt2", tp=2, pp=2)   # list, index pp_rank * tp + tp_rank
+    model.load_state_dict(shards[i]["model"])        # each a model_optim_rng.pt dict
+"""
+import argparse
+import os
+import sys
+import time
+from typing import List, Optional
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__)))))
+
+import torch  # noqa: E402
+
+from tools.checkpoint.common import add_tokenizer_flags, fail  # noqa: E402
+from tools.checkpoint.gpt2_mapping import (  # noqa: E402
+    ConversionError, from_hf, model_flags_from_hf)
+from tools.checkpoint.layout import (  # noqa: E402
+    CheckpointError, FullCheckpoint, padded_vocab_size, split, write_checkpoint)
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hf-model", required=True, help="Local Hugging Face GPT-2 directory "
+                   "(config.json + safetensors or pytorch_model.bin).")
+    p.add_argument("--save", required=True, help="Checkpoint directory to write.")
+    p.add_argument("--tensor-model-parallel-size", dest="tp", type=int, default=1,
+                   help="Tensor-parallel size of the new checkpoint (default 1).")
+    p.add_argument("--pipeline-model-parallel-size", dest="pp", type=int, default=1,
+                   help="Pipeline-parallel size of the new checkpoint (default 1).")
+    p.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                   help="Pad the vocabulary to a multiple of this times tp, as the training "
+                        "flag of the same name (default 128).")
+    p.add_argument("--seq-length", type=int, default=None,
+                   help="--seq-length recorded in the args (default: n_positions).")
+    add_tokenizer_flags(p, purpose="recorded in the args; default: the --hf-model directory's")
+    p.add_argument("--no-progress", action="store_true", help="Hide the progress bars.")
+    return p
+
+
+def _load_hf(hf_dir_or_model):
+    """(state dict, config, directory or None) of a GPT-2 given as a path or a model object."""
+    if not isinstance(hf_dir_or_model, (str, os.PathLike)):
+        return hf_dir_or_model.state_dict(), hf_dir_or_model.config, None
+    path = str(hf_dir_or_model)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConversionError(f"--hf-model {path}: no config.json; give a directory written "
+                              f"by save_pretrained")
+    from transformers import AutoConfig, GPT2LMHeadModel
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    model_flags_from_hf(config)  # refuse non-GPT-2 before loading any weights
+    try:
+        model = GPT2LMHeadModel.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ConversionError(f"--hf-model {path}: cannot load the weights ({e})") from None
+    return model.state_dict(), model.config, path
+
+
+def _args_dict(config, tp: int, pp: int, divisible_by: int, seq_length: Optional[int],
+               tokenizer: dict) -> dict:
+    """Our training Args (as saved in checkpoints) for this GPT-2, validated by the driver."""
+    from megatron.training.arguments import parse_args
+    fields = dict(model_flags_from_hf(config))
+    fields.update({"seq_length": seq_length or config.n_positions,
+                   "make_vocab_size_divisible_by": divisible_by,
+                   "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp})
+    fields.update({k: v for k, v in tokenizer.items() if v})
+    argv = []
+    for k, v in fields.items():
+        if isinstance(v, bool):
+            argv += [f"--{k.replace('_', '-')}"] if v else []
+        else:
+            argv += [f"--{k.replace('_', '-')}", str(v)]
+    return parse_args(argv, world_size=tp * pp).to_dict()
+
+
+def _tokenizer_fields(hf_dir: Optional[str], cli) -> dict:
+    if cli is not None and (cli.vocab_file or cli.tokenizer_model):
+        ttype = cli.tokenizer_type or ("HuggingFaceTokenizer" if cli.tokenizer_model
+                                       else "GPT2BPETokenizer")
+        return {"tokenizer_type": ttype, "vocab_file": cli.vocab_file,
+                "merge_file": cli.merge_file, "tokenizer_model": cli.tokenizer_model}
+    if hf_dir and any(os.path.isfile(os.path.join(hf_dir, f)) for f in _TOKENIZER_FILES):
+        return {"tokenizer_type": "HuggingFaceTokenizer",
+                "tokenizer_model": os.path.abspath(hf_dir)}
+    return {}
+
+
+def full_from_hf(hf_dir_or_model, tp: int = 1, pp: int = 1, make_vocab_size_divisible_by=128,
+                 seq_length: Optional[int] = None, tokenizer_flags=None) -> FullCheckpoint:
+    """A GPT-2 as a FullCheckpoint (our global names, vocabulary padded for tp)."""
+    hf_sd, config, hf_dir = _load_hf(hf_dir_or_model)
+    tok = _tokenizer_fields(hf_dir, tokenizer_flags)
+    args = _args_dict(config, tp, pp, make_vocab_size_divisible_by, seq_length, tok)
+    vocab = config.vocab_size
+    if tok:
+        from megatron.training.tokenizer import build_tokenizer
+        n = build_tokenizer(tok["tokenizer_type"], tok.get("vocab_file"), tok.get("merge_file"),
+                            tok.get("tokenizer_model")).vocab_size
+        if n != vocab:
+            raise ConversionError(
+                f"config.json has vocab_size {vocab} but the tokenizer has {n} tokens; our "
+                f"driver sizes the embedding from the tokenizer, so the checkpoint would not "
+                f"load. Pass the matching tokenizer (--vocab-file/--merge-file or "
+                f"--tokenizer-model)")
+    rows = padded_vocab_size(vocab, make_vocab_size_divisible_by, tp)
+    return FullCheckpoint(params=from_hf(hf_sd, config, rows), args=args,
+                          padded_vocab_size=rows, vocab_size=vocab, optimizer=None)
+
+
+def import_hf_gpt2(hf_dir_or_model, tp: int = 1, pp: int = 1, make_vocab_size_divisible_by=128,
+                   seq_length: Optional[int] = None, tokenizer_flags=None) -> List[dict]:
+    """Shard dicts (model_optim_rng.pt format) indexed pp_rank * tp + tp_rank."""
+    full = full_from_hf(hf_dir_or_model, tp, pp, make_vocab_size_divisible_by, seq_length,
+                        tokenizer_flags)
+    shards = split(full, tp, pp)
+    return [shards[(t, p)] for p in range(pp) for t in range(tp)]
+
+
+def model_flags(args: dict) -> str:
+    """The pretrain_gpt.py model flags matching an imported checkpoint."""
+    m = args["model"]
+    names = ["num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+             "max_position_embeddings", "seq_length", "layernorm_epsilon",
+             "make_vocab_size_divisible_by"]
+    out = [f"--{n.replace('_', '-')} {m[n]}" for n in names]
+    for b in ("openai_gelu", "untie_embeddings_and_output_weights"):
+        if m[b]:
+            out.append(f"--{b.replace('_', '-')}")
+    return " ".join(out)
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    t0 = time.time()
+    try:
+        full = full_from_hf(a.hf_model, a.tp, a.pp, a.make_vocab_size_divisible_by,
+                            a.seq_length, a)
+        shards = split(full, a.tp, a.pp, progress=not a.no_progress)
+        os.makedirs(a.save, exist_ok=True)
+        out = write_checkpoint(a.save, shards, progress=not a.no_progress)
+    except (CheckpointError, ConversionError, ValueError) as e:
+        return fail(str(e))
+    print(f"wrote {out} (tp={a.tp} pp={a.pp}) in {time.time() - t0:.1f}s\n"
+          f"train from it with: --load {a.save} --finetune {model_flags(full.args)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
