@@ -8,6 +8,13 @@ BIN    := $(VENV)/bin
 # same release before `make` (pip then keeps it).
 TORCH  ?= torch==2.13.0
 NPROC  ?= 8
+# Every channel compressed: 8-bit activations forward (AC-SGD fixpoint), rank-16 CB with LEP
+# backward (Optimus-CC), PowerSGD rank 8 on stage 0's dp gradients (SC), fused embedding sync.
+# `make demo DEMO_COMPRESSION=` runs the uncompressed baseline.
+DEMO_COMPRESSION ?= --forward-compress-method fixpoint --forward-bits 8 \
+	--inter-grad-comp --inter-grad-comp-rank 16 --use-error-feedback \
+	--grad-comp --grad-comp-rank 8 --grad-comp-warm-up 0.1 \
+	--selective-grad-comp --selective-grad-comp-way 1 --emb-comm-opt
 
 .PHONY: setup demo test bench clean
 

@@ -34,12 +34,16 @@ def resolve_default_data(args) -> None:
         args.data.vocab_file, args.data.merge_file = assets.vocab_file, assets.merge_file
 
 
+def report_error(e: Exception) -> None:
+    """One line on stderr, written in one call so lines of ranks sharing a terminal never mix."""
+    os.write(2, f"[rank {os.environ.get('RANK', '0')}] error: {e}\n".encode())
+
+
 def main(argv=None) -> int:
     try:
         args = parse_args(argv)
     except ConfigError as e:
-        rank = os.environ.get("RANK", "0")
-        print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
+        report_error(e)
         # Every rank reaches the same verdict in milliseconds; linger briefly so that a
         # launcher that kills the job on the first exit does not cut the others' message.
         time.sleep(3 if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0)
@@ -54,6 +58,9 @@ def main(argv=None) -> int:
         trainer.train()
         trainer.final_evaluate()
         trainer.close()
+    except ConfigError as e:  # found only once the data or memory is known (activation caches)
+        report_error(e)
+        os._exit(2)
     except Exception:
         # Never leave the other ranks blocked in a collective: report and exit hard; torchrun
         # (or srun --kill-on-bad-exit) then stops the rest of the job.

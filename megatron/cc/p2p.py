@@ -26,6 +26,9 @@ class Message:
     microbatch: int
     iteration: int
     sample_ids: Optional[torch.Tensor] = None
+    train: bool = True
+    """False in evaluation (forward-only) passes: sent uncompressed, codec state untouched,
+    so validation measures the model and validation ids never reach training-sample caches."""
 
 
 class Link:
@@ -39,11 +42,12 @@ class Link:
         self.policy = policy        # None = compress every message when a codec is set
 
     def compressed(self, msg: Message) -> bool:
-        return self.codec is not None and (self.policy is None or self.policy(msg))
+        return (msg.train and self.codec is not None
+                and (self.policy is None or self.policy(msg)))
 
     def _observe(self, x: torch.Tensor, msg: Message) -> None:
         """Uncompressed message: codecs with caches (delta) still record it, on both ends."""
-        if self.codec is not None and hasattr(self.codec, "observe"):
+        if msg.train and self.codec is not None and hasattr(self.codec, "observe"):
             self.codec.observe(x.detach(), self._ctx(msg))
 
     def _ctx(self, msg: Message):
@@ -93,6 +97,7 @@ class PipelineChannels:
         self.stats = stats
         self.prev_fwd, self.prev_bwd = prev_fwd, prev_bwd
         self.next_fwd, self.next_bwd = next_fwd, next_bwd
+        self.probe = None   # optional OrthogonalityProbe (last stage, --check-orth-error-acti)
 
     # -- one call = one batch of isend/irecv posted together, then waited for --------------
     def _exchange(self, send: Optional[tuple], recv: Optional[tuple]) -> Optional[torch.Tensor]:
@@ -101,8 +106,11 @@ class PipelineChannels:
             link, x, msg = send
             payload = link.encode(x, msg)
             raw = x.numel() * x.element_size()
-            self.stats.add(link.channel, nbytes(payload), raw)
+            if msg.train:  # per-iteration training traffic; evaluation is not counted
+                self.stats.add(link.channel, nbytes(payload), raw)
             ops += [dist.P2POp(dist.isend, p, link.peer) for p in payload]
+            if self.probe is not None and link.channel == "pp-bwd" and link.compressed(msg):
+                self.probe.error(link.codec.error(x.shape))
         if recv is not None:
             link, msg = recv
             bufs = link.buffers(self.shape, self.dtype, msg)
@@ -113,6 +121,8 @@ class PipelineChannels:
         if recv is not None:
             out = link.decode(bufs, self.shape, self.dtype, msg)
             out = out.to(self.dtype).requires_grad_(recv[0].channel == "pp-fwd")
+            if self.probe is not None and recv[0].channel == "pp-fwd" and msg.train:
+                self.probe.activation(out)
         return out
 
     def recv_forward(self, msg: Message) -> Optional[torch.Tensor]:
@@ -140,6 +150,12 @@ class PipelineChannels:
         return self._exchange((self.prev_bwd, g, bwd_msg), (self.prev_fwd, fwd_msg))
 
     # -- checkpointable codec state ---------------------------------------------------------
+    def close(self) -> None:
+        """Release codec resources (disk-backed activation caches delete their files)."""
+        for l in self.links():
+            if hasattr(l.codec, "close"):
+                l.codec.close()
+
     def links(self) -> List[Link]:
         return [l for l in (self.prev_fwd, self.prev_bwd, self.next_fwd, self.next_bwd) if l]
 

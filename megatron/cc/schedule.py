@@ -40,7 +40,8 @@ def forward_backward_1f1b(step, channels: PipelineChannels, num_microbatches: in
     M = num_microbatches
 
     def msg(mb):
-        return Message(microbatch=mb, iteration=iteration, sample_ids=step.sample_ids(mb))
+        return Message(microbatch=mb, iteration=iteration, sample_ids=step.sample_ids(mb),
+                       train=not forward_only)
 
     warmup = num_warmup_microbatches(pp_rank, pp_size, M) if not forward_only else M
     remaining = M - warmup

@@ -23,6 +23,13 @@ class ChannelStats:
         self.sent: Dict[str, int] = defaultdict(int)
         self.raw: Dict[str, int] = defaultdict(int)
         self.messages: Dict[str, int] = defaultdict(int)
+        self.diagnostics: Dict[str, list] = {}   # name -> [sum, count]
+
+    def observe(self, name: str, value: float) -> None:
+        """A diagnostic value; the log prints its mean over the interval."""
+        acc = self.diagnostics.setdefault(name, [0.0, 0])
+        acc[0] += value
+        acc[1] += 1
 
     def add(self, channel: str, sent: int, raw: int) -> None:
         self.sent[channel] += sent
@@ -33,10 +40,14 @@ class ChannelStats:
         self.sent.clear()
         self.raw.clear()
         self.messages.clear()
+        self.diagnostics.clear()
 
     def snapshot(self) -> Dict[str, Dict[str, int]]:
-        return {c: {"sent": self.sent[c], "raw": self.raw[c], "messages": self.messages[c]}
+        snap = {c: {"sent": self.sent[c], "raw": self.raw[c], "messages": self.messages[c]}
                 for c in CHANNELS if self.messages[c]}
+        for name, (total, count) in self.diagnostics.items():
+            snap[name] = {"sum": total, "count": count}
+        return snap
 
     @staticmethod
     def merge(snapshots) -> Dict[str, Dict[str, int]]:
@@ -44,7 +55,7 @@ class ChannelStats:
         total: Dict[str, Dict[str, int]] = {}
         for snap in snapshots:
             for c, v in snap.items():
-                t = total.setdefault(c, {"sent": 0, "raw": 0, "messages": 0})
+                t = total.setdefault(c, dict.fromkeys(v, 0))
                 for k in t:
                     t[k] += v[k]
         return total
@@ -60,6 +71,9 @@ class ChannelStats:
             raw = totals[c]["raw"] / max(iterations, 1)
             ratio = raw / sent if sent else float("inf")
             parts.append(f"{c} bytes: {_human(sent)} (x{ratio:.1f})")
+        for name, v in totals.items():
+            if "count" in v and v["count"]:
+                parts.append(f"{name}: {v['sum'] / v['count']:.4g}")
         return " | ".join(parts)
 
 

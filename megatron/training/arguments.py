@@ -130,6 +130,13 @@ class TrainingArgs:
                               "exclusive; give one")
         if self.min_lr > self.lr:
             raise ConfigError(f"--min-lr ({self.min_lr}) exceeds --lr ({self.lr})")
+        decay = self.lr_decay_iters or self.train_iters
+        warmup = (int(self.lr_warmup_fraction * decay) if self.lr_warmup_fraction is not None
+                  else self.lr_warmup_iters)
+        if warmup >= decay:
+            raise ConfigError(f"learning-rate warm-up ({warmup} iterations from "
+                              f"--lr-warmup-iters/--lr-warmup-fraction) must be shorter than the "
+                              f"decay (--lr-decay-iters, default --train-iters: {decay})")
 
     def num_microbatches(self, dp: int) -> int:
         return self.global_batch_size // (self.micro_batch_size * dp)
@@ -147,6 +154,12 @@ class DataArgs:
     merge_file: Optional[str] = flag(None, "GPT-2 merges.txt (GPT2BPETokenizer).")
     tokenizer_model: Optional[str] = flag(None, "Local tokenizer directory (HuggingFaceTokenizer).")
     data_cache_path: Optional[str] = flag(None, "Where GPTDataset caches its index files.")
+    repeat_epoch: bool = flag(
+        False, "Build the training split as one pass over its documents and repeat that pass "
+               "every epoch (fine-tuning style: a sample keeps its dataset index across "
+               "epochs). Default: megatron-core's index of train-iters x global-batch samples, "
+               "whose windows shift from epoch to epoch. On by itself with a delta forward "
+               "codec or --warmup-epochs.")
 
     def validate(self) -> None:
         if self.data_path:
@@ -272,6 +285,11 @@ def validate_args(args: Args) -> None:
     args.training.validate(args.dp)
     args.data.validate()
     args.compression.validate(pp=args.pp, dp=args.dp, tp=args.tp)
+    if (args.data.repeat_epoch or args.compression.uses_epochs) and args.data.data_path \
+            and len(args.data.data_path) > 1:
+        raise ConfigError("--repeat-epoch, --forward-compress-method delta* and --warmup-epochs "
+                          "train in epochs over one dataset (samples keyed by index); a weighted "
+                          "--data-path blend has no epochs: give one prefix")
     if args.checkpoint.save_interval is not None and args.checkpoint.save_interval < 1:
         raise ConfigError("--save-interval must be >= 1")
     if args.checkpoint.save_interval and not args.checkpoint.save:

@@ -6,8 +6,14 @@ and hands both to the library's constructors.
 """
 from megatron.core import parallel_state as ps
 
-from megatron.cc.grad_sync import EmbeddingSync, ExactDataParallelSync, GradSync
+from megatron.cc.grad_sync import (EmbeddingSync, ExactDataParallelSync, FusedEmbeddingSync,
+                                   GradSync, PowerSGDDataParallelSync,
+                                   create_fused_embedding_group)
+from megatron.cc.compress import get_codec
+from megatron.cc.diagnostics import OrthogonalityProbe
 from megatron.cc.p2p import Link, PipelineChannels
+from megatron.cc.policy import BackwardCompressionPolicy
+from megatron.training.pipeline_codecs import attach_codecs
 
 
 def activation_shape(args):
@@ -15,23 +21,72 @@ def activation_shape(args):
     return (args.model.seq_length, args.training.micro_batch_size, args.model.hidden_size)
 
 
-def build_pipeline_channels(args, config, stats) -> PipelineChannels:
+def backward_codec(c, seed: int):
+    """CB codec for one end of a bwd link, or None (uncompressed)."""
+    if not c.compressed_backprop:
+        return None
+    return get_codec("lowrank", rank=c.cb_rank, error_feedback=c.use_error_feedback,
+                     payload_dtype=c.inter_grad_comp_dtype, seed=seed)
+
+
+def backward_policy(args, sender_stage: int) -> BackwardCompressionPolicy:
+    c = args.compression
+    return BackwardCompressionPolicy(
+        sender_stage=sender_stage, pp=args.pp, num_microbatches=args.num_microbatches,
+        warmup_iters=int(c.inter_grad_comp_warm_up * args.training.train_iters),
+        epilogue_only=c.inter_grad_comp_epilogue_only)
+
+
+def build_pipeline_channels(args, config, stats, epoch_samples=None) -> PipelineChannels:
+    """This stage's ends of the fwd/bwd links; both ends of a link build identical codecs.
+
+    `epoch_samples`: samples in one pass over the training split (--warmup-epochs and the
+    default activation-cache size need it).
+    """
+    stage = ps.get_pipeline_model_parallel_rank()
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+    c, seed = args.compression, args.training.seed
     links = {}
     if args.pp > 1:
         prev = ps.get_pipeline_model_parallel_prev_rank()
         nxt = ps.get_pipeline_model_parallel_next_rank()
         if not first:
             links["prev_fwd"] = Link("pp-fwd", prev)
-            links["prev_bwd"] = Link("pp-bwd", prev)
+            links["prev_bwd"] = Link("pp-bwd", prev, backward_codec(c, seed),
+                                     backward_policy(args, sender_stage=stage))
         if not last:
             links["next_fwd"] = Link("pp-fwd", nxt)
-            links["next_bwd"] = Link("pp-bwd", nxt)
-    return PipelineChannels(activation_shape(args), config.pipeline_dtype, stats, **links)
+            links["next_bwd"] = Link("pp-bwd", nxt, backward_codec(c, seed),
+                                     backward_policy(args, sender_stage=stage + 1))
+    attach_codecs(args, links, epoch_samples)   # AC-SGD / TAH-Quant codecs and warm-up
+    channels = PipelineChannels(activation_shape(args), config.pipeline_dtype, stats, **links)
+    if c.check_orth_error_acti and last and not first:
+        channels.probe = OrthogonalityProbe(stats)
+    return channels
 
 
 def build_grad_sync(args, model, stats) -> GradSync:
-    dp = ExactDataParallelSync(ps.get_data_parallel_group(), stats)
-    emb_group = ps.get_embedding_group(check_initialized=False) \
-        if ps.is_rank_in_embedding_group(ignore_virtual=True) else None
+    """dp channel (exact, or PowerSGD on the first k stages) + emb channel (plain or fused).
+
+    Collective when --emb-comm-opt and pp > 1 (creates the fused groups): call on every rank.
+    """
+    c = args.compression
+    dp_group = ps.get_data_parallel_group()
+    stage = ps.get_pipeline_model_parallel_rank()
+    fused = c.emb_comm_opt and args.pp > 1   # pp == 1: the embedding goes with the dp sync
+    if args.dp > 1 and stage < c.compressed_stages(args.pp):
+        dp = PowerSGDDataParallelSync(
+            dp_group, stats, rank=c.grad_comp_rank,
+            warm_up_iters=int(c.grad_comp_warm_up * args.training.train_iters),
+            exclude_embedding=fused, seed=args.training.seed)
+    else:
+        dp = ExactDataParallelSync(dp_group, stats, exclude_embedding=fused)
+    # first or last stage: holds a copy of the tied embedding (asked of the stage, not of
+    # ps.is_rank_in_embedding_group, whose rank list survives destroy_model_parallel)
+    member = ps.is_pipeline_first_stage(ignore_virtual=True) or \
+        ps.is_pipeline_last_stage(ignore_virtual=True)
+    if fused:
+        group = create_fused_embedding_group(ps.get_tensor_model_parallel_rank(), member)
+        return GradSync(dp, FusedEmbeddingSync(group, stats, args.dp))
+    emb_group = ps.get_embedding_group(check_initialized=False) if member else None
     return GradSync(dp, EmbeddingSync(emb_group, stats))

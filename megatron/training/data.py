@@ -103,7 +103,7 @@ def build_datasets(data_path: List[str], split: str, seq_length: int, seed: int,
     # A split nobody asked for, or one too small to hold a single document, is not built
     # (GPTDataset would loop forever trying to fill it).
     for i, bounds in enumerate(config.split_matrix):
-        if bounds is not None and (not num_samples[i]
+        if bounds is not None and (num_samples[i] == 0   # None: one epoch, built
                                    or round(bounds[1] * num_docs) <= round(bounds[0] * num_docs)):
             config.split_matrix[i] = None
     return BlendedMegatronDatasetBuilder(GPTDataset, num_samples, lambda: True, config).build()

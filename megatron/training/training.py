@@ -25,6 +25,7 @@ from megatron.cc.schedule import forward_backward_1f1b, forward_backward_no_pipe
 from megatron.cc.stats import ChannelStats
 from megatron.training import data as data_mod
 from megatron.training.checkpointing import CheckpointManager
+from megatron.training.config_flags import ConfigError
 from megatron.training.model import build_gpt_model, transformer_config, unwrap
 from megatron.training.tokenizer import build_tokenizer
 
@@ -60,12 +61,12 @@ class StageStep:
         unwrap(model).set_input_tensor(input_tensor)
         with torch.set_grad_enabled(not self.forward_only):
             out = model(batch.get("tokens") if first else None,
-                        batch.get("position_ids") if first else None, None,
-                        labels=batch.get("labels") if last else None)
-        if not last:
-            return out
+                        batch.get("position_ids") if first else None, None)
+            if not last:
+                return out
+            per_token = self.t.lm_loss(out, batch["labels"])   # (B, S)
         mask = batch["loss_mask"].float()
-        loss = (out.float() * mask).sum() / mask.sum()   # out: (B, S) per-token loss
+        loss = (per_token * mask).sum() / mask.sum()
         self.losses.append(loss.detach())
         return loss / M
 
@@ -84,10 +85,12 @@ class Trainer:
         self.optimizer, self.scheduler = self._build_optimizer()
         self.batches = data_mod.MicroBatchSchedule(args.training.micro_batch_size, args.dp,
                                                    args.num_microbatches)
-        self.channels = build_pipeline_channels(args, self.config, self.stats)
+        self.train_ds, self.valid_ds, _ = self._build_datasets()
+        self.epoch_samples = self._epoch_samples()
+        self.channels = build_pipeline_channels(args, self.config, self.stats,
+                                                epoch_samples=self.epoch_samples)
         self.grad_sync = build_grad_sync(args, self.model, self.stats)
         self.iteration, self.consumed_samples = 0, 0
-        self.train_ds, self.valid_ds, _ = self._build_datasets()
         self.writer = self._tensorboard()
         self.ckpt = CheckpointManager(args, self)
         self.ckpt.register("pipeline_channels", self.channels)
@@ -132,7 +135,13 @@ class Trainer:
     def _build_datasets(self):
         a = self.args
         gbs = self.batches.global_batch_size
-        sizes = [a.training.train_iters * gbs,
+        # --repeat-epoch (implied by per-sample activation caches, which key samples by dataset
+        # index across epochs): the training split is built as ONE epoch and the loop wraps
+        # around it (_epoch_samples); otherwise megatron-core draws train_iters x gbs samples
+        # over as many epochs as needed.
+        epochs = a.data.repeat_epoch or a.compression.uses_epochs
+        train = None if epochs else a.training.train_iters * gbs
+        sizes = [train,
                  max(1, a.logging.eval_iters) * gbs * (a.training.train_iters // max(1, a.logging.eval_interval) + 1),
                  0]
         # megatron-core builds on rank 0 first and makes the others wait for its index cache.
@@ -140,12 +149,42 @@ class Trainer:
                                        a.training.seed, self.tokenizer, sizes,
                                        a.data.data_cache_path)
 
+    def _epoch_samples(self) -> int:
+        """Samples in one pass over the training split, whole global batches only (the tail
+        is dropped): each sample then sits in the same replica and micro-batch slot every
+        epoch, so the same activation-cache pair sees it again."""
+        gbs = self.batches.global_batch_size
+        n = len(self.train_ds) // gbs * gbs
+        if n == 0:
+            raise ConfigError(f"the training split has {len(self.train_ds)} samples, fewer than "
+                              f"one global batch ({gbs}); use more data or a smaller "
+                              f"--global-batch-size")
+        return n
+
     def _tensorboard(self):
         d = self.args.logging.tensorboard_dir
         if not d or dist.get_rank() != dist.get_world_size() - 1:
             return None
         from torch.utils.tensorboard import SummaryWriter
         return SummaryWriter(log_dir=d)
+
+    def lm_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Per-token cross entropy over the *real* vocabulary.
+
+        logits: (B, S, V/tp), this rank's vocabulary slice. Megatron pads the vocabulary to a
+        multiple of 128 x tp and lets the padding rows join the softmax; here their logits are
+        masked out, so the loss does not depend on the padding (a Hugging Face GPT-2 imported
+        with zero padding rows gives exactly Hugging Face's loss).
+        """
+        from megatron.core import tensor_parallel
+        logits = logits.float()
+        if self.padded_vocab_size > self.tokenizer.vocab_size:
+            width = logits.size(-1)
+            start = ps.get_tensor_model_parallel_rank() * width
+            padded = torch.arange(start, start + width) >= self.tokenizer.vocab_size
+            if padded.any():
+                logits = logits.masked_fill(padded.to(logits.device), float("-inf"))
+        return tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
 
     # ---------------------------------------------------------------- one iteration
     def forward_backward(self, dataset, consumed: int, forward_only=False) -> StageStep:
@@ -161,7 +200,7 @@ class Trainer:
     def train_step(self) -> Dict[str, float]:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        step = self.forward_backward(self.train_ds, self.consumed_samples)
+        step = self.forward_backward(self.train_ds, self.consumed_samples % self.epoch_samples)
         self.grad_sync(self.model, self.iteration)
         ok, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
@@ -264,5 +303,19 @@ class Trainer:
             self.evaluate()
 
     def close(self) -> None:
+        self.report_peak_memory()
+        self.channels.close()
         if self.writer is not None:
             self.writer.close()
+
+    def report_peak_memory(self) -> None:
+        """Peak memory per rank (GPU: max allocated; CPU: peak RSS), printed by the last rank."""
+        if torch.cuda.is_available():
+            peak = torch.cuda.max_memory_allocated() / 2**20
+        else:
+            import resource
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        peaks = [None] * dist.get_world_size()
+        dist.all_gather_object(peaks, peak)
+        print_rank_last(f" peak memory (MB): max over ranks {max(peaks):.1f} | per rank: "
+                        + " ".join(f"{p:.0f}" for p in peaks))

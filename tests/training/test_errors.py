@@ -71,3 +71,4 @@ def test_bad_input_fails_fast_on_every_rank(tiny_corpus, corrupt, name, nproc, o
         lines = [l for l in result.stderr.splitlines() if l.startswith(f"[rank {rank}] error:")]
         assert lines, f"rank {rank} printed no error line:\n{result.stderr[-3000:]}"
         assert expected in lines[0], lines[0]
+        assert len(lines[0]) < 400, "one line, not a traceback"

@@ -27,7 +27,7 @@ from scipy import sparse
 
 from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, check_workers,
                                         dump_line, parallel_map, read_documents)
-from tools.openwebtext.shingling import ShingleConfig, shingle_hashes
+from tools.openwebtext.shingling import add_shingle_args, ShingleConfig, shingle_hashes
 
 DENSE_MIN_DF = 0.01  # shingles in >= 1% of documents go to the dense BLAS block
 
@@ -82,9 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="loose-JSON file of pairs {'a', 'b', 'jaccard'} at or above the threshold.")
     p.add_argument("--jaccard-threshold", type=float, default=0.9,
                    help="report pairs with exact Jaccard >= this (default 0.9).")
-    p.add_argument("--shingle-size", type=int, default=5, help="n of the n-gram shingles (default 5).")
-    p.add_argument("--shingle-unit", choices=["char", "word"], default="char",
-                   help="shingle characters or words of the normalized text (default char).")
+    add_shingle_args(p)
     p.add_argument("--text-key", default="text", help="JSON key holding the text (default 'text').")
     add_common_args(p)
     return p

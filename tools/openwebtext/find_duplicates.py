@@ -39,7 +39,7 @@ from datasketch import MinHashLSH
 
 from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, check_workers,
                                         dump_line, parallel_map, read_documents)
-from tools.openwebtext.shingling import ShingleConfig, Signer, estimated_jaccard, shingle_hashes
+from tools.openwebtext.shingling import add_shingle_args, ShingleConfig, Signer, estimated_jaccard, shingle_hashes
 
 FINGERPRINT_VERSION = 1
 
@@ -148,9 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1234,
                    help="seed of the MinHash permutations; runs sharing fingerprints must "
                         "use the same one (default 1234).")
-    p.add_argument("--shingle-size", type=int, default=5, help="n of the n-gram shingles (default 5).")
-    p.add_argument("--shingle-unit", choices=["char", "word"], default="char",
-                   help="shingle characters or words of the normalized text (default char).")
+    add_shingle_args(p)
     p.add_argument("--text-key", default="text", help="JSON key holding the text (default 'text').")
     add_common_args(p)
     return p

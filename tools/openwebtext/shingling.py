@@ -40,6 +40,13 @@ class ShingleConfig:
             raise ValueError(f"--shingle-unit must be 'char' or 'word', got {self.unit!r}")
 
 
+def add_shingle_args(p) -> None:
+    """--shingle-size / --shingle-unit, shared by the scripts that shingle documents."""
+    p.add_argument("--shingle-size", type=int, default=5, help="n of the n-gram shingles (default 5).")
+    p.add_argument("--shingle-unit", choices=["char", "word"], default="char",
+                   help="shingle characters or words of the normalized text (default char).")
+
+
 def normalize(text: str) -> str:
     """Lowercase and collapse whitespace, so reflowed copies still match."""
     return _WS.sub(" ", text.lower()).strip()

@@ -111,7 +111,8 @@ class ActivationCache:
         what = f"{self.bits}-bit" if self.bits else str(self.dtype).replace("torch.", "")
         where = "RAM" if self.storage == "ram" else f"disk ({self.path})"
         return (f"activation cache: {self.capacity} samples x {self.sample_shape[0]}x"
-                f"{self.sample_shape[1]} {what} in {where} = {_gib(self.nbytes)}")
+                f"{self.sample_shape[1]} {what} in {where} = {_gib(self.nbytes)} "
+                f"({self.nbytes:,} bytes)")
 
     def _check_fits(self, ram_limit_bytes: int | None) -> None:
         need = self.nbytes
@@ -246,6 +247,8 @@ class DeltaCodec(Codec):
         granularity, group_size: fixpoint groups of the delta (default per hidden channel).
         bits_act: None = dense cache; 1..8 = cache quantised to that many bits (delta-lowbits).
         ram_limit_bytes: refuse a RAM cache bigger than this (default: MemAvailable).
+        stochastic, seed: stochastic rounding of the delta on the sender (the receiver only
+            dequantises, so the caches stay identical); the generator is in state_dict.
     """
 
     name = "delta"
@@ -253,8 +256,8 @@ class DeltaCodec(Codec):
     def __init__(self, bits: int = 4, capacity: int = 1024, sample_shape=None,
                  cache_dtype="float32", storage: str = "ram", granularity: str = "channel",
                  group_size: int = 128, bits_act: int | None = None,
-                 ram_limit_bytes: int | None = None):
-        self.q = FixpointCodec(bits, granularity, group_size)
+                 ram_limit_bytes: int | None = None, stochastic: bool = False, seed: int = 0):
+        self.q = FixpointCodec(bits, granularity, group_size, stochastic=stochastic, seed=seed)
         self.cache_args = dict(capacity=capacity, dtype=cache_dtype, storage=storage,
                                bits=bits_act, ram_limit_bytes=ram_limit_bytes)
         self.cache: ActivationCache | None = None
@@ -310,10 +313,11 @@ class DeltaCodec(Codec):
 
     def state_dict(self):
         return {"cache": None if self.cache is None else self.cache.state_dict(),
-                "first_sights": self.first_sights}
+                "first_sights": self.first_sights, "quantizer": self.q.state_dict()}
 
     def load_state_dict(self, sd):
         self.first_sights = int(sd.get("first_sights", 0))
+        self.q.load_state_dict(sd.get("quantizer", {}))
         if sd.get("cache") is None:
             return
         if self.cache is None:

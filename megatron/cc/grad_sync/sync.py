@@ -1,10 +1,17 @@
 """The exact dp and emb channels, and GradSync, which runs one of each after backward.
 
-dp: megatron-core's DDP grad buffers, all-reduced bucket by bucket (already scaled by 1/dp).
+dp: megatron-core's DDP grad buffers, all-reduced bucket by bucket. The buffers hold each
+replica's local gradient; megatron scales a bucket by 1/dp just before its SUM all-reduce,
+so the result is the replica average.
 emb: the tied word-embedding gradient summed between the first and last stage (Megatron's
 embedding group), so both copies of the weight take the same step.
 Compressed dp modes (selective PowerSGD, ...) and the fused emb mode replace these objects;
 GradSync itself does not change.
+
+With fused embedding sync (FE) the tied embedding gradient must stay out of the dp all-reduce:
+`allreduce_buckets` then all-reduces each bucket's grad_data minus that parameter's slice,
+as (at most two) contiguous views of the buffer itself -- no copy, and the embedding's bytes
+never cross the dp group.
 """
 import torch
 import torch.distributed as dist
@@ -28,18 +35,71 @@ def shared_embedding_weight(model):
     return m.shared_embedding_or_output_weight()
 
 
-class ExactDataParallelSync:
-    """All-reduce of the DDP grad buffers (the uncompressed baseline)."""
+def check_ddp_supported(model) -> None:
+    """Our dp channels replace megatron DDP's own grad all-reduce: it must not run by itself."""
+    cfg = model.ddp_config
+    if cfg.overlap_grad_reduce or cfg.use_distributed_optimizer:
+        raise NotImplementedError("compressed / fused gradient sync needs megatron DDP with "
+                                  "overlap_grad_reduce=False and use_distributed_optimizer=False")
+    if getattr(model, "expert_parallel_buffers", None):
+        raise NotImplementedError("expert-parallel (MoE) grad buffers are not supported")
 
-    def __init__(self, group, stats: ChannelStats):
+
+def grad_reduce_factor(model, world: int) -> float:
+    """What megatron DDP multiplies the sum over replicas by: 1/dp (1 with per-token loss)."""
+    factors = {b.gradient_scaling_factor for buf in model.buffers for b in buf.buckets}
+    if len(factors) != 1:
+        raise NotImplementedError(f"grad buckets with different scaling factors: {factors}")
+    factor = factors.pop()
+    return factor / world if model.ddp_config.average_in_collective else factor
+
+
+def allreduce_buckets(model, group, exclude=()) -> int:
+    """Megatron DDP's bucket all-reduce (same scaling, same op), skipping `exclude`'s grads.
+
+    Each bucket's grad_data minus the excluded parameters' slices is reduced as contiguous
+    views of the buffer (zero-copy); excluded grads keep their local, unscaled values.
+    Returns the bytes put on the wire.
+    """
+    op = dist.ReduceOp.AVG if model.ddp_config.average_in_collective else dist.ReduceOp.SUM
+    sent = 0
+    for buf in model.buffers:
+        for bucket in buf.buckets:
+            holes = sorted(bucket.param_to_index[p] for p in exclude if p in bucket.params)
+            n, start = bucket.grad_data.numel(), 0
+            for a, b in holes + [(n, n)]:
+                if a > start:
+                    seg = bucket.grad_data[start:a]
+                    if bucket.gradient_scaling_factor != 1.0:
+                        seg *= bucket.gradient_scaling_factor
+                    dist.all_reduce(seg, op=op, group=group)
+                    sent += seg.numel() * seg.element_size()
+                start = max(start, b)
+    return sent
+
+
+class ExactDataParallelSync:
+    """All-reduce of the DDP grad buffers (the uncompressed baseline).
+
+    exclude_embedding: leave the tied embedding gradient out (it is synchronised by the fused
+    emb channel instead, see fused_embedding.py).
+    """
+
+    def __init__(self, group, stats: ChannelStats, exclude_embedding: bool = False):
         self.group = group
         self.stats = stats
         self.world = dist.get_world_size(group)
+        self.exclude_embedding = exclude_embedding
 
     def __call__(self, model, iteration: int) -> None:
-        model.finish_grad_sync()  # megatron DDP: start + wait for every bucket's all-reduce
-        if self.world > 1:
+        weight = shared_embedding_weight(model) if self.exclude_embedding else None
+        if weight is None:
+            model.finish_grad_sync()  # megatron DDP: start + wait for every bucket's all-reduce
             n = sum(b.grad_data.numel() * b.grad_data.element_size() for b in model.buffers)
+        else:
+            check_ddp_supported(model)
+            n = allreduce_buckets(model, self.group, exclude=(weight,))
+        if self.world > 1:
             self.stats.add("dp", n, n)
 
     def state_dict(self) -> dict:

@@ -1,0 +1,135 @@
+"""Wiring of the AC-SGD / TAH-Quant codecs onto this stage's pipeline links.
+
+`build_pipeline_channels` (channels.py) makes the four links of a stage; `attach_codecs` then
+gives every fwd link end its activation codec (fixpoint | delta | delta-lowbits | tah) and
+every bwd link end its gradient codec when that is fixpoint (CB's lowrank codec is built by
+channels.py), with the AC-SGD warm-up on both directions. Both ends of a link run this same
+code with the same config, so their codecs (and activation caches) start identical.
+
+What the data pipeline contributes is `epoch_samples`: samples in one pass over the training
+split (whole global batches). It converts --warmup-epochs to iterations and sizes the default
+activation cache: every distinct sample one data-parallel replica will see.
+"""
+import math
+import os
+from typing import Dict, Optional
+
+from megatron.core import parallel_state as ps
+
+from megatron.cc.compress import CacheTooLarge, get_codec
+from megatron.cc.compress.delta import _mem_available
+from megatron.cc.p2p import Link
+from megatron.cc.policy import WarmupPolicy
+from megatron.training.config_flags import ConfigError
+
+
+def warmup_iters(args, epoch_samples: Optional[int]) -> int:
+    """Iterations whose pipeline messages go uncompressed (--compress-warmup-iters / -epochs)."""
+    c = args.compression
+    if not c.warmup_epochs:
+        return c.compress_warmup_iters
+    if epoch_samples is None:
+        raise ConfigError("--warmup-epochs needs the size of the training split; give "
+                          "--compress-warmup-iters instead")
+    iters_per_epoch = epoch_samples // (args.training.global_batch_size)
+    return math.ceil(c.warmup_epochs * iters_per_epoch)
+
+
+def cache_capacity(args, epoch_samples: Optional[int]) -> int:
+    """Samples per activation cache: the flag, else all samples one replica will see."""
+    c, t = args.compression, args.training
+    if c.max_activation_cache_size is not None:
+        n = c.max_activation_cache_size
+    else:
+        seen = t.train_iters * t.global_batch_size
+        if epoch_samples is not None:
+            seen = min(seen, epoch_samples)
+        n = max(1, seen // args.dp)
+    if n < t.micro_batch_size:
+        raise ConfigError(f"--max-activation-cache-size {n} is smaller than one micro-batch "
+                          f"(--micro-batch-size {t.micro_batch_size})")
+    return n
+
+
+def forward_codec(args, capacity: int, seed: int, ram_limit: Optional[int]):
+    """The activation codec of one fwd link end, or None."""
+    c = args.compression
+    method = c.forward_compress_method
+    if method == "none":
+        return None
+    if method == "fixpoint":
+        return get_codec("fixpoint", bits=c.forward_bits, granularity="channel",
+                         stochastic=c.stochastic_rounding, seed=seed)
+    if method == "tah":
+        return get_codec("tah", tile_size=c.tile_size, high_bits=c.high_precision_bits,
+                         low_bits=c.low_precision_bits,
+                         high_ratio=c.high_precision_allocation_ratio)
+    kw = dict(bits=c.forward_bits, capacity=capacity,
+              sample_shape=(args.model.seq_length, args.model.hidden_size),
+              storage=c.activation_cache_location, ram_limit_bytes=ram_limit,
+              stochastic=c.stochastic_rounding, seed=seed)
+    if method == "delta-lowbits":
+        kw["bits_act"] = c.forward_bits_act
+    return get_codec(method, **kw)
+
+
+def fixpoint_backward_codec(args, seed: int):
+    """Direct b-bit quantisation of activation gradients (AC-SGD / TAH-Quant backward)."""
+    c = args.compression
+    tiled = c.backward_tile_size is not None
+    return get_codec("fixpoint", bits=c.backward_bits, granularity="tile" if tiled else "channel",
+                     group_size=c.backward_tile_size or 128, stochastic=c.stochastic_rounding,
+                     seed=seed)
+
+
+def _seed(args, sender_rank: int, channel: str) -> int:
+    """Stochastic-rounding seed of one link: both ends know its sender's global rank."""
+    return args.training.seed + 7919 * sender_rank + (1 if channel == "pp-bwd" else 0)
+
+
+def _ram_limit(n_caches: int) -> Optional[int]:
+    """Each cache may take an equal share of this node's free RAM (local ranks x caches)."""
+    avail = _mem_available()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return None if avail is None else avail // max(1, local * n_caches)
+
+
+def attach_codecs(args, links: Dict[str, Link], epoch_samples: Optional[int] = None) -> None:
+    """Give this stage's link ends their AC-SGD / TAH codecs and warm-up policies (in place).
+
+    Raises ConfigError naming the link when an activation cache does not fit.
+    """
+    c = args.compression
+    rank = ps.get_pipeline_model_parallel_rank()
+    me = _global_rank()
+    warm = warmup_iters(args, epoch_samples)
+    fwd_links = [k for k in ("prev_fwd", "next_fwd") if k in links]
+    capacity = cache_capacity(args, epoch_samples) if c.activation_cache else 0
+    ram_limit = _ram_limit(len(fwd_links)) if c.activation_cache else None
+    for key in fwd_links:
+        link = links[key]
+        sender = me if key == "next_fwd" else link.peer
+        role = "sender" if key == "next_fwd" else "receiver"
+        try:
+            link.codec = forward_codec(args, capacity, _seed(args, sender, "pp-fwd"), ram_limit)
+        except CacheTooLarge as e:
+            raise ConfigError(f"[rank {me}] stage {rank} pp-fwd {role} end: {e}") from None
+        link.policy = WarmupPolicy(warm) if warm else None
+        if hasattr(link.codec, "describe"):
+            peer = f"{'to' if role == 'sender' else 'from'} rank {link.peer}"
+            print(f"[rank {me}] pp-fwd {peer} ({role}): {link.codec.describe()}", flush=True)
+    for key in ("prev_bwd", "next_bwd"):
+        link = links.get(key)
+        if link is None:
+            continue
+        sender = me if key == "prev_bwd" else link.peer
+        if c.backward_compress_method == "fixpoint":
+            link.codec = fixpoint_backward_codec(args, _seed(args, sender, "pp-bwd"))
+            link.policy = WarmupPolicy(warm) if warm else None
+        elif link.codec is not None and warm:  # CB: also uncompressed during the warm-up
+            link.policy.warmup_iters = max(link.policy.warmup_iters, warm)
+
+
+def _global_rank() -> int:
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_initialized() else 0

@@ -1,0 +1,1 @@
+"""Tests of megatron/cc/grad_sync: dp and emb channels."""

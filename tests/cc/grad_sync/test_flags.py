@@ -1,0 +1,59 @@
+"""The SC / FE flags: spellings, defaults, and the contradictions that are refused."""
+import pytest
+
+from megatron.cc.config import CompressionConfig
+from megatron.training.config_flags import ConfigError, add_dataclass_flags, from_namespace
+
+
+def parse(argv):
+    import argparse
+    parser = argparse.ArgumentParser()
+    add_dataclass_flags(parser, CompressionConfig, "compression")
+    return from_namespace(CompressionConfig, parser.parse_args(argv))
+
+
+def test_defaults():
+    c = parse([])
+    assert (c.grad_comp, c.grad_comp_rank, c.grad_comp_warm_up) == (False, 128, 0.1)
+    assert (c.selective_grad_comp, c.selective_grad_comp_way, c.emb_comm_opt) == (False, None, False)
+    assert c.compressed_stages(4) == 0
+
+
+@pytest.mark.parametrize("spelling", ["dash", "underscore"])
+def test_optimus_cc_spellings(spelling):
+    flags = ["--grad-comp", "--grad-comp-rank", "16", "--grad-comp-warm-up", "0.2",
+             "--selective-grad-comp", "--selective-grad-comp-way", "3", "--emb-comm-opt"]
+    if spelling == "underscore":
+        flags = ["--" + f[2:].replace("-", "_") if f.startswith("--") else f for f in flags]
+    c = parse(flags)
+    c.validate(pp=4, dp=2, tp=1)
+    assert (c.grad_comp_rank, c.grad_comp_warm_up, c.selective_grad_comp_way) == (16, 0.2, 3)
+    assert c.emb_comm_opt and c.compressed_stages(4) == 3
+
+
+def test_compressed_stages():
+    c = CompressionConfig(grad_comp=True)
+    assert c.compressed_stages(4) == 4                      # every stage
+    c = CompressionConfig(grad_comp=True, selective_grad_comp=True)
+    assert c.compressed_stages(4) == 3 and c.compressed_stages(1) == 1   # default pp - 1
+    c = CompressionConfig(grad_comp=True, selective_grad_comp=True, selective_grad_comp_way=2)
+    assert c.compressed_stages(4) == 2
+
+
+@pytest.mark.parametrize("fields,pp,message", [
+    (dict(selective_grad_comp=True), 4, "--selective-grad-comp.*--grad-comp"),
+    (dict(grad_comp=True, selective_grad_comp=True, selective_grad_comp_way=0), 4,
+     "--selective-grad-comp-way 0"),
+    (dict(grad_comp=True, selective_grad_comp=True, selective_grad_comp_way=5), 4,
+     "--selective-grad-comp-way 5.*--pipeline-model-parallel-size \\(4\\)"),
+    (dict(grad_comp=True, grad_comp_rank=0), 2, "--grad-comp-rank"),
+    (dict(grad_comp=True, grad_comp_warm_up=1.0), 2, "--grad-comp-warm-up"),
+    (dict(grad_comp=True, grad_comp_warm_up=-0.1), 2, "--grad-comp-warm-up"),
+])
+def test_contradictions_are_refused(fields, pp, message):
+    with pytest.raises(ConfigError, match=message):
+        CompressionConfig(**fields).validate(pp=pp, dp=2, tp=1)
+
+
+def test_fe_with_one_stage_is_allowed():
+    CompressionConfig(emb_comm_opt=True).validate(pp=1, dp=2, tp=2)  # documented no-op
