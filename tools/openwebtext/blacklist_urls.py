@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 if __package__ in (None, ""):  # run as a script: make `tools.openwebtext` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, check_workers,
+from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, parse_checked,
                                         parallel_map, parse_line)
 
 DOMAIN_BLACKLIST = {
@@ -175,8 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_workers(parser, args)
+    args = parse_checked(parser, argv)
     files = expand_inputs(args.inputs)
     kinds = {f.suffix.lower() in JSON_SUFFIXES for f in files}
     if len(kinds) != 1:

@@ -25,7 +25,7 @@ import ftfy
 from langdetect import DetectorFactory, detect
 from langdetect.lang_detect_exception import LangDetectException
 
-from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, check_workers,
+from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, parse_checked,
                                         dump_line, parallel_map, read_documents)
 
 
@@ -103,8 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_workers(parser, args)
+    args = parse_checked(parser, argv)
     if bool(args.vocab_file) != bool(args.merge_file):
         parser.error("--vocab-file and --merge-file go together; give both or neither")
     summary, reading = Summary("cleanup_dataset"), Summary("cleanup_dataset")

@@ -36,7 +36,7 @@ import regex
 from langdetect import DetectorFactory
 
 from tools.openwebtext.cleanup_dataset import detect_language
-from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, check_workers,
+from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, parse_checked,
                                         dump_line, parallel_map, read_documents)
 
 _CONTROL = regex.compile(r"[\p{Cc}--[\n\t]]", flags=regex.V1)  # control chars except newline/tab
@@ -135,8 +135,7 @@ def clean_file(path: str, args) -> Summary:
 
 def main(argv=None) -> dict:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_workers(parser, args)
+    args = parse_checked(parser, argv)
     total = Summary("cleanup_fix_dataset")
     for path in args.input_files:
         part = clean_file(path, args)

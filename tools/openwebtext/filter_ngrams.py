@@ -28,7 +28,7 @@ if __package__ in (None, ""):  # run as a script: make `tools.openwebtext` impor
 
 import regex
 
-from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, check_workers,
+from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, parse_checked,
                                         dump_line, parallel_map, read_documents)
 
 WORD = regex.compile(r"[\p{L}\p{N}]+")
@@ -196,8 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_workers(parser, args)
+    args = parse_checked(parser, argv)
     if not 1 <= args.min_ngram_size <= args.max_ngram_size:
         parser.error(f"need 1 <= --min-ngram-size ({args.min_ngram_size}) <= --max-ngram-size ({args.max_ngram_size})")
     task_files = resolve_task_files(args, parser)

@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # run as a script: make `tools.openwebtext` impor
 import numpy as np
 from datasketch import MinHashLSH
 
-from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, check_workers,
+from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, parse_checked,
                                         dump_line, parallel_map, read_documents)
 from tools.openwebtext.shingling import add_shingle_args, ShingleConfig, Signer, estimated_jaccard, shingle_hashes
 
@@ -156,8 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_workers(parser, args)
+    args = parse_checked(parser, argv)
     if len(args.inputs) % 2:
         parser.error("--inputs takes FILE KEY pairs, got an odd number of values")
     if args.num_bands < 1 or args.num_seeds % args.num_bands:

@@ -28,7 +28,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `tools.openwebtext` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, check_workers,
+from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, parse_checked,
                                         dump_line, parallel_map, read_documents)
 from tools.openwebtext.shingling import ShingleConfig, jaccard, shingle_hashes
 
@@ -165,8 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_workers(parser, args)
+    args = parse_checked(parser, argv)
     if len(args.inputs) % 2:
         parser.error("--inputs takes FILE KEY pairs, got an odd number of values")
     if not 0.0 < args.jaccard_threshold <= 1.0:

@@ -257,3 +257,10 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
 def check_workers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
+
+
+def parse_checked(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """Parse a script's flags and check the common ones (every script's first step)."""
+    args = parser.parse_args(argv)
+    check_workers(parser, args)
+    return args

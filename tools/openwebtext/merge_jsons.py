@@ -20,7 +20,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `tools.openwebtext` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, check_workers,
+from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, parse_checked,
                                         parallel_map, read_documents_parallel)
 
 
@@ -62,8 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_workers(parser, args)
+    args = parse_checked(parser, argv)
     files = list_inputs(args)
     if not files:
         parser.error("nothing to merge: give --json_path with .json/.jsonl files and/or --inputs")

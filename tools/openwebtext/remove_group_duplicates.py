@@ -17,7 +17,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `tools.openwebtext` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, check_workers,
+from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, parse_checked,
                                         read_documents, read_documents_parallel)
 
 
@@ -48,8 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_workers(parser, args)
+    args = parse_checked(parser, argv)
     group_summary = Summary("remove_group_duplicates")
     remove = read_removals(args.groups, group_summary)
     summary = Summary("remove_group_duplicates")

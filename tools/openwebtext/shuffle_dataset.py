@@ -22,7 +22,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `tools.openwebtext` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, check_workers,
+from tools.openwebtext.jsonl_io import (Summary, add_common_args, atomic_output, parse_checked,
                                         parallel_map, read_documents_parallel)
 
 
@@ -52,8 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_workers(parser, args)
+    args = parse_checked(parser, argv)
     if args.buckets < 1:
         parser.error(f"--buckets must be >= 1, got {args.buckets}")
     summary = Summary("shuffle_dataset")
