@@ -2,8 +2,8 @@
 import torch.distributed as dist
 
 
-def train(argv, world_size, load_then=None):
-    """Train with `argv`; return the last rank's per-iteration lm loss list (None elsewhere)."""
+def _run(argv, world_size, after_train=None):
+    """Parse, initialise, train, tear down; return (last rank's losses, after_train(trainer))."""
     from megatron.training.arguments import parse_args
     from megatron.training.initialize import initialize_distributed
     from megatron.training.training import Trainer
@@ -12,30 +12,28 @@ def train(argv, world_size, load_then=None):
     args = parse_args(argv, world_size=world_size)
     initialize_distributed(args)
     trainer = Trainer(args)
+    if after_train is not None:
+        args.logging.log_interval = 10**9  # keep every count: no log line resets the stats
     trainer.train()
+    extra = after_train(trainer) if after_train is not None else None
     losses = list(trainer.loss_history)
     trainer.close()
     ps.destroy_model_parallel()
-    return losses if dist.get_rank() == dist.get_world_size() - 1 else None
+    return (losses if dist.get_rank() == dist.get_world_size() - 1 else None), extra
+
+
+def train(argv, world_size):
+    """Train with `argv`; return the last rank's per-iteration lm loss list (None elsewhere)."""
+    return _run(argv, world_size)[0]
 
 
 def train_with_stats(argv, world_size, channel):
     """Train; return (last rank's losses, whole-job {sent, raw, messages} of `channel`)."""
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.training import Trainer
     from megatron.cc.stats import ChannelStats
-    from megatron.core import parallel_state as ps
 
-    args = parse_args(argv, world_size=world_size)
-    initialize_distributed(args)
-    trainer = Trainer(args)
-    args.logging.log_interval = 10**9  # keep every count: no log line resets the stats
-    trainer.train()
-    snapshots = [None] * dist.get_world_size()
-    dist.all_gather_object(snapshots, trainer.stats.snapshot())
-    totals = ChannelStats.merge(snapshots).get(channel)
-    losses = list(trainer.loss_history)
-    trainer.close()
-    ps.destroy_model_parallel()
-    return (losses if dist.get_rank() == dist.get_world_size() - 1 else None), totals
+    def totals(trainer):
+        snapshots = [None] * dist.get_world_size()
+        dist.all_gather_object(snapshots, trainer.stats.snapshot())
+        return ChannelStats.merge(snapshots).get(channel)
+
+    return _run(argv, world_size, after_train=totals)
