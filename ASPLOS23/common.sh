@@ -16,8 +16,8 @@ case "$PRESET" in
     NPROC="${NPROC:-8}"
     MODEL_ARGS=(--tensor-model-parallel-size 1 --pipeline-model-parallel-size 4
       --num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 128
-      --micro-batch-size 4 --global-batch-size 32 --train-iters "${ITERS:-300}"
-      --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 20 --lr-decay-style cosine
+      --micro-batch-size 1 --global-batch-size 32 --train-iters "${ITERS:-300}"
+      --lr 1e-3 --min-lr 1e-4 --lr-warmup-fraction 0.07 --lr-decay-style cosine
       --log-interval 10 --eval-interval 50 --eval-iters 8)
     CB_RANK=16; SC_RANK=8 ;;
   2.5B|8.3B)
@@ -35,14 +35,18 @@ case "$PRESET" in
   *) echo "unknown PRESET=$PRESET (small | 2.5B | 8.3B)" >&2; exit 2 ;;
 esac
 
-# The paper's schemes (Table 2 / Fig. 9 / Table 4 names).
+# The paper's schemes (Table 2 / Fig. 9 / Table 4 names). As in the paper's own scripts, CB
+# compresses only the backward sends on 1F1B's critical path (--inter-grad-comp-epilogue-only);
+# "cb_all" compresses every backward send, to show what that costs in quality.
+CB="--inter-grad-comp --inter-grad-comp-rank $CB_RANK --inter-grad-comp-epilogue-only"
+SC="--grad-comp --grad-comp-rank $SC_RANK --grad-comp-warm-up 0.1 --selective-grad-comp --selective-grad-comp-way 3"
 declare -A SCHEME=(
   [baseline]=""
-  [cb]="--inter-grad-comp --inter-grad-comp-rank $CB_RANK"
-  [cb_lep]="--inter-grad-comp --inter-grad-comp-rank $CB_RANK --use-error-feedback"
-  [cb_nonlep]="--inter-grad-comp --inter-grad-comp-rank $CB_RANK --inter-grad-comp-epilogue-only"
-  [cb_fe]="--inter-grad-comp --inter-grad-comp-rank $CB_RANK --use-error-feedback --emb-comm-opt"
-  [cb_fe_sc]="--inter-grad-comp --inter-grad-comp-rank $CB_RANK --use-error-feedback --emb-comm-opt --grad-comp --grad-comp-rank $SC_RANK --grad-comp-warm-up 0.1 --selective-grad-comp --selective-grad-comp-way 3"
+  [cb_all]="--inter-grad-comp --inter-grad-comp-rank $CB_RANK"
+  [cb_nonlep]="$CB"
+  [cb_lep]="$CB --use-error-feedback"
+  [cb_fe]="$CB --use-error-feedback --emb-comm-opt"
+  [cb_fe_sc]="$CB --use-error-feedback --emb-comm-opt $SC"
 )
 
 # Launch one scheme; on a GPU cluster set LAUNCH to your launcher prefix (the slurm/lsf

@@ -3,5 +3,5 @@
 #   bash ASPLOS23/tbl2_fig9_tbl4.sh            (small CPU preset, ~5 min per scheme)
 #   PRESET=2.5B bash ASPLOS23/tbl2_fig9_tbl4.sh (GPU cluster; see slurm/ lsf/)
 source "$(dirname "$0")/common.sh"
-for s in baseline cb cb_lep cb_nonlep cb_fe cb_fe_sc; do run_scheme "$s"; done
-python "$HERE/summarize.py" "$OUT" baseline cb cb_lep cb_nonlep cb_fe cb_fe_sc
+for s in baseline cb_all cb_nonlep cb_lep cb_fe cb_fe_sc; do run_scheme "$s"; done
+python "$HERE/summarize.py" "$OUT" baseline cb_all cb_nonlep cb_lep cb_fe cb_fe_sc

@@ -66,6 +66,10 @@ class CompressionConfig:
                "PowerSGD step (low-rank P, Q; Q warm-started across messages).")
     inter_grad_comp_rank: int = flag(12, "Rank r of the CB factors (paper runs 16). Ratio in "
                                          "elements = n*m / (r*(n+m)); r >= min(n, m) is exact.")
+    inter_grad_comp_power_iters: int = flag(
+        1, "Power steps per CB message (ours; the paper does 1). Each extra step costs two "
+           "local matmuls on the sender and no bytes, and brings P Q^T closer to the best "
+           "rank-r approximation of the gradient.")
     inter_grad_comp_warm_up: float = flag(
         0.0, "Fraction of --train-iters (from the start) whose backward sends go uncompressed.")
     inter_grad_comp_epilogue_only: bool = flag(
@@ -79,6 +83,10 @@ class CompressionConfig:
     use_error_feedback: bool = flag(
         False, "Lazy error propagation for CB: the sender keeps E = M - P Q^T and adds it to the "
                "next message (across micro-batches and iterations); E is never sent alone.")
+    lep_flush_on_uncompressed: bool = flag(
+        False, "LEP: when a backward send goes uncompressed (the steady phase under "
+               "--inter-grad-comp-epilogue-only, or CB warm-up), add the pending error E to it "
+               "and send it exactly (E <- 0) instead of holding E for the next compressed send.")
     check_orth_error_acti: bool = flag(
         False, "Optimus-CC Fig. 11 diagnostic: on the last stage, log the cosine between the "
                "LEP error and the change of the stage's input activation between consecutive "
@@ -134,14 +142,20 @@ class CompressionConfig:
         if self.inter_grad_comp_rank < 1:
             raise ConfigError(f"--inter-grad-comp-rank must be >= 1, got "
                               f"{self.inter_grad_comp_rank}")
+        if self.inter_grad_comp_power_iters < 1:
+            raise ConfigError(f"--inter-grad-comp-power-iters must be >= 1, got "
+                              f"{self.inter_grad_comp_power_iters}")
         if not 0.0 <= self.inter_grad_comp_warm_up < 1.0:
             raise ConfigError(f"--inter-grad-comp-warm-up is a fraction of --train-iters in "
                               f"[0, 1), got {self.inter_grad_comp_warm_up}")
         for name in ("inter_grad_comp_epilogue_only", "use_error_feedback",
-                     "check_orth_error_acti"):
+                     "lep_flush_on_uncompressed", "check_orth_error_acti"):
             if getattr(self, name) and not self.compressed_backprop:
                 raise ConfigError(f"--{name.replace('_', '-')} modifies compressed "
                                   f"backpropagation; add --inter-grad-comp")
+        if self.lep_flush_on_uncompressed and not self.use_error_feedback:
+            raise ConfigError("--lep-flush-on-uncompressed delivers the LEP error; add "
+                              "--use-error-feedback")
         if self.check_orth_error_acti and not self.use_error_feedback:
             raise ConfigError("--check-orth-error-acti measures the LEP error; add "
                               "--use-error-feedback")

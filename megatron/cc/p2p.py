@@ -58,6 +58,8 @@ class Link:
     # sender side
     def encode(self, x: torch.Tensor, msg: Message) -> List[torch.Tensor]:
         if not self.compressed(msg):
+            if msg.train and self.codec is not None:
+                x = self.codec.pass_through(x.detach(), self._ctx(msg))
             self._observe(x, msg)
             return [x.detach().contiguous()]
         return [p.contiguous() for p in self.codec.encode(x.detach(), self._ctx(msg))]

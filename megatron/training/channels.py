@@ -26,7 +26,9 @@ def backward_codec(c, seed: int):
     if not c.compressed_backprop:
         return None
     return get_codec("lowrank", rank=c.cb_rank, error_feedback=c.use_error_feedback,
-                     payload_dtype=c.inter_grad_comp_dtype, seed=seed)
+                     payload_dtype=c.inter_grad_comp_dtype, seed=seed,
+                     flush_on_uncompressed=c.lep_flush_on_uncompressed,
+                     power_iters=c.inter_grad_comp_power_iters)
 
 
 def backward_policy(args, sender_stage: int) -> BackwardCompressionPolicy:

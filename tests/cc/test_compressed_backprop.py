@@ -2,7 +2,7 @@
 
 - rank >= min(n, m): the codec sends the matrix itself, so losses equal the uncompressed run's
   to float rounding ("identity compression gives exactly the uncompressed loss");
-- rank 2 with LEP, epilogue-only: pp-bwd bytes per iteration are exactly
+- rank 2 with LEP (flushed into uncompressed sends), 2 power steps, epilogue-only: pp-bwd bytes per iteration are exactly
   (#critical sends) x r(n+m) x 4 + (#other sends) x n*m*4, and the model still trains;
 - the LEP error buffer and Q are in the checkpoint and come back on load.
 """
@@ -21,7 +21,8 @@ def _worker(rank, world, corpus):
         "inter-grad-comp": True, "inter-grad-comp-rank": 64}), world)
     lossy, bwd_bytes = runner.train_with_stats(tiny_gpt_argv(corpus, **{
         "pipeline-model-parallel-size": 2, "inter-grad-comp": True, "inter-grad-comp-rank": 2, "use-error-feedback": True,
-        "inter-grad-comp-epilogue-only": True, "train-iters": 12}), world, "pp-bwd")
+        "inter-grad-comp-epilogue-only": True, "lep-flush-on-uncompressed": True,
+        "inter-grad-comp-power-iters": 2, "train-iters": 12}), world, "pp-bwd")
     return plain, full_rank, lossy, bwd_bytes
 
 
@@ -37,3 +38,16 @@ def test_cb_in_pipeline(tiny_corpus):
     assert bwd_bytes == {"sent": 12 * per_iter, "raw": 12 * 2 * M * n * m * 4,
                          "messages": 12 * 2 * M}
     assert lossy[-1] < lossy[0]
+
+
+def test_backward_codec_gets_every_cb_option():
+    from megatron.cc.config import CompressionConfig
+    from megatron.training.channels import backward_codec
+    assert backward_codec(CompressionConfig(), seed=1) is None
+    c = backward_codec(CompressionConfig(
+        inter_grad_comp=True, inter_grad_comp_rank=7, use_error_feedback=True,
+        lep_flush_on_uncompressed=True, inter_grad_comp_power_iters=3,
+        inter_grad_comp_dtype="bfloat16"), seed=5)
+    assert (c.rank, c.error_feedback, c.flush_on_uncompressed, c.power_iters, c.seed) == \
+        (7, True, True, 3, 5)
+    assert str(c.payload_dtype) == "torch.bfloat16"

@@ -49,6 +49,11 @@ class Codec:
     def decode(self, payload: list[torch.Tensor], shape, dtype, ctx: CodecContext) -> torch.Tensor:
         raise NotImplementedError
 
+    def pass_through(self, x: torch.Tensor, ctx: CodecContext) -> torch.Tensor:
+        """Sender side of a message the channel sends uncompressed: what to send instead of x
+        (default x itself). Error-feedback codecs may deliver their pending error here."""
+        return x
+
     def state_dict(self) -> dict:
         return {}
 

@@ -22,6 +22,16 @@ generator seeded with `seed` (the same for every shape, independent of call orde
 of the new Q that comes out exactly zero (zero gradient) keeps its previous value, so a zero
 message never kills the warm start. E is kept per input shape too; it carries over across
 micro-batches and iterations and is never sent on its own. Q and E are in state_dict.
+
+power_iters (ours; the paper's code does 1): PowerSGD does one power step per message because
+in data parallelism each step is an all-reduce; CB's sender holds the whole M, so extra steps
+(P = orth(M Q), Q = M^T P, repeated) cost local matmuls only, not bytes, and move P Q^T towards
+the best rank-r approximation of M.
+
+flush_on_uncompressed (ours, not in the paper's code): when the channel sends a message
+uncompressed (epilogue-only CB's steady phase, CB warm-up), the pending E is added to that
+message and goes out exactly, E <- 0. The reference keeps E until the next compressed send,
+where it is compressed (and partly lost) again; flushing delivers it one message later, whole.
 """
 from __future__ import annotations
 
@@ -70,15 +80,21 @@ class LowRankCodec(Codec):
         payload_dtype: dtype of P and Q on the wire; None = the gradient's dtype.
         seed: seed of the generator that initialises every Q.
         eps: added to column norms in `orthogonalize_`.
+        flush_on_uncompressed: deliver E in full with the next uncompressed message.
+        power_iters: power steps per message (1 = PowerSGD / the paper).
     """
 
     name = "lowrank"
 
     def __init__(self, rank: int = 12, error_feedback: bool = False, payload_dtype=None,
-                 seed: int = 0, eps: float = 1e-8):
+                 seed: int = 0, eps: float = 1e-8, flush_on_uncompressed: bool = False,
+                 power_iters: int = 1):
         if rank < 1:
             raise ValueError(f"rank must be >= 1, got {rank}")
+        if power_iters < 1:
+            raise ValueError(f"power_iters must be >= 1, got {power_iters}")
         self.rank, self.error_feedback, self.seed, self.eps = rank, error_feedback, seed, eps
+        self.flush_on_uncompressed, self.power_iters = flush_on_uncompressed, power_iters
         self.payload_dtype = parse_dtype(payload_dtype)
         self.qs: dict[str, torch.Tensor] = {}      # shape key -> Q (m x r), fp32
         self.errors: dict[str, torch.Tensor] = {}  # shape key -> E (n x m), fp32
@@ -114,8 +130,10 @@ class LowRankCodec(Codec):
             sent = (payload[0].float(), None)
         else:
             q_old = self.qs[key] if key in self.qs else self._initial_q(m)
-            P = orthogonalize_(M @ q_old, self.eps)
-            Q = M.t() @ P
+            Q = q_old
+            for _ in range(self.power_iters):
+                P = orthogonalize_(M @ Q, self.eps)
+                Q = M.t() @ P
             dead = torch.linalg.vector_norm(Q, dim=0) == 0
             if bool(dead.any()):
                 Q[:, dead] = q_old[:, dead]
@@ -127,6 +145,15 @@ class LowRankCodec(Codec):
             # E = M - M_hat, with M_hat rebuilt from what was sent (as the receiver does).
             self.errors[key] = M - P_s if Q_s is None else torch.addmm(M, P_s, Q_s.t(), alpha=-1)
         return payload
+
+    def pass_through(self, x, ctx=None):
+        key = _key(x.shape)
+        if not (self.error_feedback and self.flush_on_uncompressed and key in self.errors):
+            return x
+        M = x.reshape(self.errors[key].shape).float() + self.errors[key]
+        sent = M.to(x.dtype)
+        self.errors[key] = M - sent.float()     # zero unless the cast rounds
+        return sent.reshape(x.shape)
 
     def decode(self, payload, shape, dtype, ctx=None):
         if len(payload) == 1:

@@ -100,6 +100,36 @@ def test_lep_sent_plus_error_equals_true_sum(payload_dtype):
     assert float(send.error(shape).norm()) > 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lep_flush_delivers_error_with_uncompressed_send(dtype):
+    """Epilogue-only pattern (compressed, compressed, plain, ...): sent + E still equals the
+    true sum, a plain send empties E (up to the cast's rounding), and without the flag a plain
+    send leaves E and the message untouched (the reference's behaviour)."""
+    torch.manual_seed(4)
+    shape = (16, 2, 24)
+    flush = get_codec("lowrank", rank=3, error_feedback=True, flush_on_uncompressed=True)
+    hold = get_codec("lowrank", rank=3, error_feedback=True)
+    total_true, total_sent = torch.zeros(shape), torch.zeros(shape)
+    for i, compressed in enumerate([True, True, False, True, False, False, True]):
+        g = torch.randn(shape).to(dtype)
+        total_true += g.float()
+        if compressed:
+            total_sent += flush.decode(flush.encode(g, CTX), shape, dtype, CTX).float()
+            hold.encode(g, CTX)
+            continue
+        sent = flush.pass_through(g, CTX)
+        assert sent.dtype == dtype and sent.shape == g.shape
+        total_sent += sent.float()
+        err = flush.error(shape)
+        bound = 0 if dtype == torch.float32 else float(sent.float().abs().max()) * 2 ** -8
+        assert float(err.abs().max()) <= bound
+        e_before = hold.error(shape).clone()
+        assert hold.pass_through(g, CTX) is g and torch.equal(hold.error(shape), e_before)
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(total_sent + flush.error(shape).view(shape), total_true,
+                               atol=tol, rtol=tol)
+
+
 def test_warm_start_persists_and_is_per_shape():
     torch.manual_seed(2)
     c = get_codec("lowrank", rank=2)
@@ -112,6 +142,24 @@ def test_warm_start_persists_and_is_per_shape():
     assert errs[-1] < errs[0] and errs[-1] < best * 1.01
     c.encode(torch.randn(5, 40), CTX)
     assert set(c.qs) == {"64x40", "5x40"}
+
+
+def test_power_iters_reach_eckart_young_in_one_message():
+    """Extra local power steps (no extra bytes) bring a cold-started message close to the best
+    rank-r approximation; one step from a random Q is far from it."""
+    torch.manual_seed(5)
+    A = torch.randn(96, 8) @ torch.diag(torch.logspace(0, -1, 8)) @ torch.randn(8, 64)
+    A += 0.01 * torch.randn(96, 64)
+    best = torch.linalg.svdvals(A)[4:].norm().item()        # optimum for rank 4
+    errs = {}
+    for k in (1, 2, 8):
+        c = get_codec("lowrank", rank=4, power_iters=k)
+        p = c.encode(A, CTX)
+        assert payload_bytes(p) == 4 * (96 + 64) * 4       # bytes do not depend on k
+        errs[k] = float((c.decode(p, A.shape, A.dtype, CTX) - A).norm())
+    assert errs[8] < best * 1.02 and errs[8] < errs[2] < errs[1]
+    with pytest.raises(ValueError, match="power_iters"):
+        get_codec("lowrank", rank=4, power_iters=0)
 
 
 def test_zero_gradient_keeps_warm_start():

@@ -49,6 +49,10 @@ def test_compressed_stages():
     (dict(grad_comp=True, grad_comp_rank=0), 2, "--grad-comp-rank"),
     (dict(grad_comp=True, grad_comp_warm_up=1.0), 2, "--grad-comp-warm-up"),
     (dict(grad_comp=True, grad_comp_warm_up=-0.1), 2, "--grad-comp-warm-up"),
+    (dict(use_error_feedback=True), 2, "--use-error-feedback.*add --inter-grad-comp"),
+    (dict(inter_grad_comp=True, lep_flush_on_uncompressed=True), 2,
+     "--lep-flush-on-uncompressed.*add --use-error-feedback"),
+    (dict(lep_flush_on_uncompressed=True), 2, "--lep-flush-on-uncompressed.*--inter-grad-comp"),
 ])
 def test_contradictions_are_refused(fields, pp, message):
     with pytest.raises(ConfigError, match=message):
