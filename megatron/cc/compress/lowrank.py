@@ -45,14 +45,21 @@ from .base import Codec, parse_dtype, register
 def orthogonalize_(p: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """Orthonormalise the columns of p (..., n, r) in place by Gram-Schmidt; returns p.
 
-    Each column is divided by (its norm + eps), so an all-zero column stays zero instead of
-    turning into NaNs; eps=0 gives plain Gram-Schmidt (equivalent to a QR's Q up to signs).
-    Run it in fp32: squares of fp16 values under- and overflow.
+    Each column is divided by max(its norm, eps * the largest column norm of p): a column that
+    is numerically zero stays (near) zero instead of turning into NaNs, and every other column
+    is normalised exactly, as plain Gram-Schmidt / QR would. The floor is relative because
+    gradients can be tiny: activation gradients of a small model are ~1e-5 per element, and an
+    absolute eps added to the norm (the PowerSGD hook's epsilon) is then the size of the
+    residual columns themselves, which it shrinks instead of normalising: P loses rank and
+    P Q^T keeps a fraction of what rank r allows. Run it in fp32: squares of fp16 values
+    under- and overflow.
     """
     r = p.shape[-1]
+    scale = torch.linalg.vector_norm(p, dim=-2, keepdim=True).amax(dim=-1, keepdim=True)
+    floor = torch.where(scale > 0, eps * scale, torch.full_like(scale, eps))
     for i in range(r):
         col = p[..., i:i + 1]
-        col.div_(torch.linalg.vector_norm(col, dim=-2, keepdim=True) + eps)
+        col.div_(torch.maximum(torch.linalg.vector_norm(col, dim=-2, keepdim=True), floor))
         if i + 1 < r:
             rest = p[..., i + 1:]
             rest.sub_(col @ (col.transpose(-1, -2) @ rest))

@@ -29,6 +29,27 @@ def test_orthogonalize_zero_column_stays_finite():
     assert bool(torch.isfinite(p).all()) and float(p[:, 1].abs().max()) < 1e-6
 
 
+@pytest.mark.parametrize("scale", [1e-7, 1.0, 1e5])
+def test_orthogonalize_is_scale_invariant(scale):
+    """Gradients of ~1e-5 per element are normal; an absolute eps would shrink their residual
+    columns instead of normalising them (the codec then keeps far less than rank r allows)."""
+    torch.manual_seed(6)
+    p = torch.randn(128, 4) @ torch.randn(4, 16) + 1e-3 * torch.randn(128, 16)  # ill-conditioned
+    q = orthogonalize_((p * scale).clone())
+    torch.testing.assert_close(q, orthogonalize_(p.clone()), atol=1e-3, rtol=0)
+    torch.testing.assert_close(q.t() @ q, torch.eye(16), atol=2e-3, rtol=0)
+
+
+def test_codec_is_scale_equivariant():
+    torch.manual_seed(7)
+    A = torch.randn(64, 6) @ torch.randn(6, 48) + 0.1 * torch.randn(64, 48)
+    small, unit = get_codec("lowrank", rank=4), get_codec("lowrank", rank=4)
+    for _ in range(5):
+        a = unit.decode(unit.encode(A, CTX), A.shape, A.dtype, CTX)
+        b = small.decode(small.encode(A * 1e-6, CTX), A.shape, A.dtype, CTX)
+    torch.testing.assert_close(b / 1e-6, a, rtol=1e-3, atol=1e-3)
+
+
 def powersgd_oracle(M, Q):
     """One PowerSGD step written out: P = M Q, orth(P), Q' = M^T P."""
     P = M @ Q
