@@ -1,59 +1,115 @@
 """Optimus-CC end to end: uncompressed vs CB+LEP+FE+SC on the demo model at pp=4, dp=2.
 
-Both runs use the same seed, data and flags apart from compression; they run one after the
+Every run uses the same seed, data and flags apart from compression; they run one after the
 other in this invocation and the table puts them side by side: final validation loss and its
 gap (target <= 1%), bytes per channel per iteration with the ratio against uncompressed bytes,
-and time per iteration. The loss curves go to bench/results/optimus_cc_loss.png.
+and time per iteration. Runs:
 
-    python bench/bench_optimus_cc.py [--iters 300]
+  baseline           no compression
+  baseline-mb2       the same at micro-batch 2 (M = 8): the same global batches, only float
+                     rounding and dropout masks differ, so its gap is the run-to-run noise of
+                     this comparison
+  CB+LEP+FE+SC       the paper's configuration (its tbl2 CB-FE-SC script): CB rank 16 on the
+                     backward sends on 1F1B's critical path (--inter-grad-comp-epilogue-only),
+                     LEP, FE, SC rank 8 on stages 0-2
+  ours               the same, plus two of our options: the LEP error is delivered whole by
+                     the next uncompressed send (--lep-flush-on-uncompressed) and the first 10%
+                     of iterations send uncompressed (--inter-grad-comp-warm-up 0.1, as SC)
+  ours r32           the same at CB rank 32
+  CB-all+LEP+FE+SC   CB rank 16 on every backward send (more bytes saved, more loss)
+
+Micro-batch 1 with global batch 32 gives M = 16 micro-batches per replica (the paper's runs
+have M >= 16): with M = 4 at pp = 4 nearly every send would be in the cool-down and
+epilogue-only would mean compress-everything.
+
+    python bench/bench_optimus_cc.py [--iters 300] [--runs baseline,CB+LEP+FE+SC]
+
+Writes bench/results/optimus_cc.md and the loss curves bench/results/optimus_cc_loss.png.
 """
 import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 from runlog import plot_losses, run_pretrain  # noqa: E402
 
 DEMO = ["--pipeline-model-parallel-size", "4", "--num-layers", "4", "--hidden-size", "128",
-        "--num-attention-heads", "4", "--seq-length", "128", "--micro-batch-size", "4",
+        "--num-attention-heads", "4", "--seq-length", "128", "--micro-batch-size", "1",
         "--global-batch-size", "32", "--lr", "1e-3", "--min-lr", "1e-4",
         "--lr-warmup-iters", "20", "--lr-decay-style", "cosine", "--log-interval", "10",
         "--eval-iters", "8", "--seed", "1234"]
 FE_SC = ["--emb-comm-opt", "--grad-comp", "--grad-comp-rank", "8", "--grad-comp-warm-up", "0.1",
          "--selective-grad-comp", "--selective-grad-comp-way", "3"]
-OPTIMUS = ["--inter-grad-comp", "--inter-grad-comp-rank", "16", "--use-error-feedback"] + FE_SC
-# The same without LEP: at this model size LEP's carried error costs more than it repairs.
-NO_LEP = ["--inter-grad-comp", "--inter-grad-comp-rank", "16"] + FE_SC
+LEP, EPILOGUE = ["--use-error-feedback"], ["--inter-grad-comp-epilogue-only"]
+OURS = ["--lep-flush-on-uncompressed", "--inter-grad-comp-warm-up", "0.1"]
+
+
+def cb(rank: int):
+    return ["--inter-grad-comp", "--inter-grad-comp-rank", str(rank)]
+
+
+RUNS = {
+    "baseline": [],
+    "baseline-mb2": ["--micro-batch-size", "2"],   # later flags win in argparse
+    "CB+LEP+FE+SC": cb(16) + EPILOGUE + LEP + FE_SC,
+    "ours": cb(16) + EPILOGUE + LEP + OURS + FE_SC,
+    "ours r32": cb(32) + EPILOGUE + LEP + OURS + FE_SC,
+    "CB-all+LEP+FE+SC": cb(16) + LEP + FE_SC,
+}
+CHANNELS = ("pp-fwd", "pp-bwd", "dp", "emb")
+
+
+def table(runs, iters: int) -> str:
+    base = runs[0]
+    rows = [f"demo GPT (4 layers, hidden 128, seq 128), pp=4 x dp=2, micro-batch 1, global batch "
+            f"32 (M=16), {iters} iterations; CB rank 16 unless named, SC rank 8 on stages 0-2 (10% warm-up), "
+            f"FE. Bytes per iteration at the last log line; ratio against the uncompressed "
+            f"bytes of the same messages.", "",
+            "| | " + " | ".join(r.name for r in runs) + " |",
+            "|---|" + "---:|" * len(runs)]
+
+    def row(label, cells):
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    row("final validation loss", [f"{r.final_valid:.4f}" for r in runs])
+    row("gap vs baseline", [f"{(r.final_valid - base.final_valid) / base.final_valid * 100:+.2f}%"
+                            for r in runs])
+    for ch in CHANNELS:
+        if any(ch in r.bytes_per_iter for r in runs):
+            row(f"{ch} MB/iter (ratio)", [f"{r.bytes_per_iter.get(ch, 0) / 1e6:.2f} "
+                                          f"(x{r.ratio.get(ch, 1.0):.1f})" for r in runs])
+    row("all channels MB/iter", [f"{sum(r.bytes_per_iter.values()) / 1e6:.2f}" for r in runs])
+    row("time per iteration (ms)", [f"{r.steady_ms:.0f}" for r in runs])
+    return "\n".join(rows)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=300, help="training iterations per run")
+    p.add_argument("--runs", default=",".join(RUNS),
+                   help=f"comma-separated subset of {', '.join(RUNS)} (baseline is always run)")
+    p.add_argument("--out", default=os.path.join(HERE, "results"),
+                   help="directory of optimus_cc.md and optimus_cc_loss.png")
     a = p.parse_args()
+    names = ["baseline"] + [n for n in a.runs.split(",") if n and n != "baseline"]
+    unknown = [n for n in names if n not in RUNS]
+    if unknown:
+        p.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(RUNS)}")
     common = DEMO + ["--train-iters", str(a.iters), "--eval-interval", str(max(a.iters // 6, 1))]
-    runs = [run_pretrain("baseline", 8, common),
-            run_pretrain("CB+LEP+FE+SC", 8, common + OPTIMUS),
-            run_pretrain("CB+FE+SC", 8, common + NO_LEP)]
-    base = runs[0]
-    print(f"\nOptimus-CC on the demo GPT (4 layers, hidden 128, seq 128), pp=4 x dp=2, "
-          f"{a.iters} iterations, CB rank 16 (+LEP), FE, SC rank 8 on stages 0-2\n")
-    print(f"{'':26s}" + "".join(f"{r.name:>16s}" for r in runs))
-    print(f"{'final validation loss':26s}" + "".join(f"{r.final_valid:16.4f}" for r in runs))
-    print(f"{'gap vs baseline':26s}" + "".join(
-        f"{(r.final_valid - base.final_valid) / base.final_valid * 100:15.2f}%" for r in runs))
-    for ch in ("pp-fwd", "pp-bwd", "dp", "emb"):
-        if not any(ch in r.bytes_per_iter for r in runs):
-            continue
-        print(f"{ch + ' MB/iter (ratio)':26s}" + "".join(
-            f"{r.bytes_per_iter.get(ch, 0) / 1e6:9.2f} (x{r.ratio.get(ch, 1.0):3.1f})" for r in runs))
-    print(f"{'all channels MB/iter':26s}" + "".join(
-        f"{sum(r.bytes_per_iter.values()) / 1e6:16.2f}" for r in runs))
-    print(f"{'time per iteration (ms)':26s}" + "".join(f"{r.steady_ms:16.1f}" for r in runs))
-    print("(ratio: against the uncompressed bytes of the same messages; FE's emb ratio counts "
-          "the dp all-reduce of the embedding it removes)")
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "optimus_cc_loss.png")
-    plot_losses(runs, out, "demo GPT, pp=4 dp=2: baseline vs Optimus-CC")
-    print(f"loss curves: {out}")
+    runs = []
+    for name in names:
+        runs.append(run_pretrain(name, 8, common + RUNS[name]))
+        print(f"{name}: final validation loss {runs[-1].final_valid:.4f}", flush=True)
+    text = table(runs, a.iters)
+    print("\n" + text)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "optimus_cc.md.tmp"), "w") as f:
+        f.write(text + "\n")
+    os.replace(os.path.join(a.out, "optimus_cc.md.tmp"), os.path.join(a.out, "optimus_cc.md"))
+    plot = os.path.join(a.out, "optimus_cc_loss.png")
+    plot_losses(runs, plot, "demo GPT, pp=4 dp=2: baseline vs Optimus-CC")
+    print(f"table: {os.path.join(a.out, 'optimus_cc.md')}\nloss curves: {plot}")
 
 
 if __name__ == "__main__":
