@@ -24,20 +24,23 @@ epilogue-only would mean compress-everything.
 
     python bench/bench_optimus_cc.py [--iters 300] [--runs baseline,CB+LEP+FE+SC]
 
-Writes bench/results/optimus_cc.md and the loss curves bench/results/optimus_cc_loss.png.
+Writes bench/results/optimus_cc.md, the curves bench/results/optimus_cc_loss.png and the raw
+numbers optimus_cc.json (--replot redraws table and plot from it without training).
 """
 import argparse
+import dataclasses
+import json
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from runlog import plot_losses, run_pretrain  # noqa: E402
+from runlog import RunResult, plot_losses, run_pretrain  # noqa: E402
 
 DEMO = ["--pipeline-model-parallel-size", "4", "--num-layers", "4", "--hidden-size", "128",
         "--num-attention-heads", "4", "--seq-length", "128", "--micro-batch-size", "1",
         "--global-batch-size", "32", "--lr", "1e-3", "--min-lr", "1e-4",
-        "--lr-warmup-iters", "20", "--lr-decay-style", "cosine", "--log-interval", "10",
+        "--lr-warmup-fraction", "0.0667", "--lr-decay-style", "cosine", "--log-interval", "10",
         "--eval-iters", "8", "--seed", "1234"]
 FE_SC = ["--emb-comm-opt", "--grad-comp", "--grad-comp-rank", "8", "--grad-comp-warm-up", "0.1",
          "--selective-grad-comp", "--selective-grad-comp-way", "3"]
@@ -90,26 +93,46 @@ def main():
     p.add_argument("--runs", default=",".join(RUNS),
                    help=f"comma-separated subset of {', '.join(RUNS)} (baseline is always run)")
     p.add_argument("--out", default=os.path.join(HERE, "results"),
-                   help="directory of optimus_cc.md and optimus_cc_loss.png")
+                   help="directory of optimus_cc.md, .json and optimus_cc_loss.png")
+    p.add_argument("--replot", action="store_true",
+                   help="redraw the table and plot from optimus_cc.json in --out and exit")
     a = p.parse_args()
-    names = ["baseline"] + [n for n in a.runs.split(",") if n and n != "baseline"]
-    unknown = [n for n in names if n not in RUNS]
-    if unknown:
-        p.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(RUNS)}")
-    common = DEMO + ["--train-iters", str(a.iters), "--eval-interval", str(max(a.iters // 6, 1))]
-    runs = []
-    for name in names:
-        runs.append(run_pretrain(name, 8, common + RUNS[name]))
-        print(f"{name}: final validation loss {runs[-1].final_valid:.4f}", flush=True)
-    text = table(runs, a.iters)
+    raw = os.path.join(a.out, "optimus_cc.json")
+    if a.replot:
+        with open(raw) as f:
+            saved = json.load(f)
+        iters = saved["iters"]
+        runs = [RunResult(r["name"], losses={int(k): v for k, v in r["losses"].items()},
+                          valid={int(k): v for k, v in r["valid"].items()},
+                          ms_per_iter=r["ms_per_iter"], bytes_per_iter=r["bytes_per_iter"],
+                          ratio=r["ratio"]) for r in saved["runs"]]
+    else:
+        names = ["baseline"] + [n for n in a.runs.split(",") if n and n != "baseline"]
+        unknown = [n for n in names if n not in RUNS]
+        if unknown:
+            p.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(RUNS)}")
+        iters = a.iters
+        common = DEMO + ["--train-iters", str(iters), "--eval-interval", str(max(iters // 6, 1))]
+        runs = []
+        for name in names:
+            runs.append(run_pretrain(name, 8, common + RUNS[name]))
+            print(f"{name}: final validation loss {runs[-1].final_valid:.4f}", flush=True)
+        os.makedirs(a.out, exist_ok=True)
+        keep = ("name", "losses", "valid", "ms_per_iter", "bytes_per_iter", "ratio")
+        write_atomic(raw, json.dumps({"iters": iters, "runs": [
+            {k: v for k, v in dataclasses.asdict(r).items() if k in keep} for r in runs]}))
+    text = table(runs, iters)
     print("\n" + text)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "optimus_cc.md.tmp"), "w") as f:
-        f.write(text + "\n")
-    os.replace(os.path.join(a.out, "optimus_cc.md.tmp"), os.path.join(a.out, "optimus_cc.md"))
+    write_atomic(os.path.join(a.out, "optimus_cc.md"), text + "\n")
     plot = os.path.join(a.out, "optimus_cc_loss.png")
     plot_losses(runs, plot, "demo GPT, pp=4 dp=2: baseline vs Optimus-CC")
     print(f"table: {os.path.join(a.out, 'optimus_cc.md')}\nloss curves: {plot}")
+
+
+def write_atomic(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -71,17 +71,19 @@ def plot_losses(results: List[RunResult], path: str, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in results:
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for n, r in enumerate(results):   # one colour per run: train solid, validation dashed
         its = sorted(r.losses)
-        ax.plot(its, [r.losses[i] for i in its], label=f"{r.name} (train)")
+        ax.plot(its, [r.losses[i] for i in its], color=f"C{n % 10}", lw=1,
+                label=f"{r.name} (train)")
         if r.valid:
             vits = sorted(r.valid)
-            ax.plot(vits, [r.valid[i] for i in vits], "o--", label=f"{r.name} (valid)")
+            ax.plot(vits, [r.valid[i] for i in vits], "o--", color=f"C{n % 10}", lw=1.5,
+                    label=f"{r.name} (valid)")
     ax.set_xlabel("iteration")
     ax.set_ylabel("lm loss")
     ax.set_title(title)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=110)
