@@ -86,7 +86,7 @@ class LowRankCodec(Codec):
         error_feedback: keep the sender-side error buffer E (--use-error-feedback).
         payload_dtype: dtype of P and Q on the wire; None = the gradient's dtype.
         seed: seed of the generator that initialises every Q.
-        eps: added to column norms in `orthogonalize_`.
+        eps: relative floor of column norms in `orthogonalize_`.
         flush_on_uncompressed: deliver E in full with the next uncompressed message.
         power_iters: power steps per message (1 = PowerSGD / the paper).
     """

@@ -66,7 +66,7 @@ class PowerSGDDataParallelSync:
         warm_up_iters: iterations (0-based) below this are exact (--grad-comp-warm-up x iters).
         exclude_embedding: leave the tied embedding gradient to the fused emb channel.
         seed: seeds the generator of the initial Qs (must be equal on all replicas).
-        eps: added to column norms when orthogonalising (zero columns stay finite).
+        eps: relative floor of column norms when orthogonalising (zero columns stay finite).
     """
 
     def __init__(self, group, stats: ChannelStats, rank: int = 128, warm_up_iters: int = 0,
