@@ -35,7 +35,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
 from runlog import RunResult, plot_losses, run_pretrain  # noqa: E402
+
+from megatron.training.checkpointing import atomic_write_text  # noqa: E402
 
 DEMO = ["--pipeline-model-parallel-size", "4", "--num-layers", "4", "--hidden-size", "128",
         "--num-attention-heads", "4", "--seq-length", "128", "--micro-batch-size", "1",
@@ -119,20 +122,14 @@ def main():
             print(f"{name}: final validation loss {runs[-1].final_valid:.4f}", flush=True)
         os.makedirs(a.out, exist_ok=True)
         keep = ("name", "losses", "valid", "ms_per_iter", "bytes_per_iter", "ratio")
-        write_atomic(raw, json.dumps({"iters": iters, "runs": [
+        atomic_write_text(raw, json.dumps({"iters": iters, "runs": [
             {k: v for k, v in dataclasses.asdict(r).items() if k in keep} for r in runs]}))
     text = table(runs, iters)
     print("\n" + text)
-    write_atomic(os.path.join(a.out, "optimus_cc.md"), text + "\n")
+    atomic_write_text(os.path.join(a.out, "optimus_cc.md"), text + "\n")
     plot = os.path.join(a.out, "optimus_cc_loss.png")
     plot_losses(runs, plot, "demo GPT, pp=4 dp=2: baseline vs Optimus-CC")
     print(f"table: {os.path.join(a.out, 'optimus_cc.md')}\nloss curves: {plot}")
-
-
-def write_atomic(path: str, text: str) -> None:
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -126,11 +126,10 @@ def main(argv=None) -> int:
             tmp.cleanup()
     print(format_tables(results))
     if a.output_path:
-        with open(a.output_path + ".tmp", "w") as f:
-            json.dump({k: results[k] for k in ("results", "groups", "versions", "n-shot",
-                                               "config") if k in results}, f, indent=2,
-                      default=str)
-        os.replace(a.output_path + ".tmp", a.output_path)
+        from megatron.training.checkpointing import atomic_write_text
+        atomic_write_text(a.output_path, json.dumps(
+            {k: results[k] for k in ("results", "groups", "versions", "n-shot", "config")
+             if k in results}, indent=2, default=str))
     print(f"evaluated {', '.join(tasks)} in {time.time() - t0:.1f}s")
     return 0
 
