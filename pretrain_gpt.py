@@ -49,6 +49,10 @@ def main(argv=None) -> int:
         time.sleep(3 if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0)
         return 2
     resolve_default_data(args)
+    if int(os.environ.get("RANK", "0")) == 0:
+        from megatron.training.seed_flags import seed_notes
+        for note in seed_notes(args):
+            print(f"note: {note}", flush=True)
 
     from megatron.training.initialize import destroy, initialize_distributed
     from megatron.training.training import Trainer

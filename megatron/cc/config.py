@@ -82,7 +82,9 @@ class CompressionConfig:
         choices=["float32", "bfloat16", "float16"])
     use_error_feedback: bool = flag(
         False, "Lazy error propagation for CB: the sender keeps E = M - P Q^T and adds it to the "
-               "next message (across micro-batches and iterations); E is never sent alone.")
+               "next message (across micro-batches and iterations); E is never sent alone. "
+               "With --grad-comp and no CB it is Optimus-CC's PowerSGD error feedback, which "
+               "--grad-comp always applies here.")
     lep_flush_on_uncompressed: bool = flag(
         False, "LEP: when a backward send goes uncompressed (the steady phase under "
                "--inter-grad-comp-epilogue-only, or CB warm-up), add the pending error E to it "
@@ -107,8 +109,8 @@ class CompressionConfig:
                "gradients (their all-reduce ends last, on the critical path); later stages "
                "all-reduce exactly. Needs --grad-comp.")
     selective_grad_comp_way: Optional[int] = flag(
-        None, "k for --selective-grad-comp, 1 <= k <= pipeline size; default max(1, pp - 1) "
-              "(paper: pp=4, k=3).")
+        None, "k for --selective-grad-comp, k >= 1; default max(1, pp - 1) (paper: pp=4, "
+              "k=3). k >= pipeline size compresses every stage, as in Optimus-CC.")
     # ---- emb channel: Optimus-CC fused embedding synchronisation (FE)
     emb_comm_opt: bool = flag(
         False, "Fused embedding sync: the tied embedding gradient takes one all-reduce over "
@@ -122,16 +124,17 @@ class CompressionConfig:
             return 0
         if not self.selective_grad_comp:
             return pp
-        return self.selective_grad_comp_way or max(1, pp - 1)
+        # way > pp compresses every stage, as Optimus-CC's `stage < way` test does
+        return min(self.selective_grad_comp_way or max(1, pp - 1), pp)
 
     def validate_grad_comp(self, pp: int) -> None:
         if self.selective_grad_comp and not self.grad_comp:
             raise ConfigError("--selective-grad-comp chooses which stages run --grad-comp; "
                               "add --grad-comp (or drop --selective-grad-comp)")
         k = self.selective_grad_comp_way
-        if k is not None and not 1 <= k <= pp:
-            raise ConfigError(f"--selective-grad-comp-way {k} must be between 1 and the "
-                              f"pipeline size --pipeline-model-parallel-size ({pp})")
+        if k is not None and k < 1:
+            raise ConfigError(f"--selective-grad-comp-way {k} must be >= 1 (values above the "
+                              f"pipeline size {pp} compress every stage)")
         if self.grad_comp_rank < 1:
             raise ConfigError(f"--grad-comp-rank must be >= 1, got {self.grad_comp_rank}")
         if not 0.0 <= self.grad_comp_warm_up < 1.0:
@@ -148,7 +151,11 @@ class CompressionConfig:
         if not 0.0 <= self.inter_grad_comp_warm_up < 1.0:
             raise ConfigError(f"--inter-grad-comp-warm-up is a fraction of --train-iters in "
                               f"[0, 1), got {self.inter_grad_comp_warm_up}")
-        for name in ("inter_grad_comp_epilogue_only", "use_error_feedback",
+        if self.use_error_feedback and not (self.compressed_backprop or self.grad_comp):
+            raise ConfigError("--use-error-feedback switches on error feedback of compressed "
+                              "backpropagation (LEP) or of --grad-comp's PowerSGD; add "
+                              "--inter-grad-comp or --grad-comp")
+        for name in ("inter_grad_comp_epilogue_only",
                      "lep_flush_on_uncompressed", "check_orth_error_acti"):
             if getattr(self, name) and not self.compressed_backprop:
                 raise ConfigError(f"--{name.replace('_', '-')} modifies compressed "

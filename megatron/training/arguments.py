@@ -9,10 +9,13 @@ import argparse
 import dataclasses
 import math
 import os
+import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
 from megatron.training.config_flags import ConfigError, add_dataclass_flags, flag, from_namespace
+from megatron.training.seed_flags import (CompatArgs, RecomputeArgs, resolve_sample_based,
+                                          validate_seed_flags)
 
 
 @dataclass
@@ -217,12 +220,17 @@ class LoggingArgs:
     eval_interval: int = flag(1000, "Iterations between validation runs.")
     eval_iters: int = flag(10, "Validation iterations per evaluation.")
     tensorboard_dir: Optional[str] = flag(None, "Write TensorBoard scalars here.")
-    experiment_name: Optional[str] = flag(None, "Name used in logs and TensorBoard run names.")
+    experiment_name: Optional[str] = flag(
+        None, "Names the run: its log lines go to <--tensorboard-dir or runs>/NAME/log.txt and "
+              "its TensorBoard scalars to the same directory (last rank writes).")
 
 
 GROUPS = [("parallel", ParallelArgs, "distributed"), ("model", ModelArgs, "model"),
           ("training", TrainingArgs, "training"), ("data", DataArgs, "data"),
-          ("checkpoint", CheckpointArgs, "checkpointing"), ("logging", LoggingArgs, "logging")]
+          ("checkpoint", CheckpointArgs, "checkpointing"), ("logging", LoggingArgs, "logging"),
+          # Megatron-LM v2.5 / Optimus-CC script flags (seed_flags.py)
+          ("recompute", RecomputeArgs, "activation recomputation"),
+          ("compat", CompatArgs, "Megatron-LM v2.5 compatibility")]
 
 
 @dataclass
@@ -236,6 +244,8 @@ class Args:
     logging: LoggingArgs
     compression: "object"  # megatron.cc.config.CompressionConfig
     world_size: int = 1
+    recompute: RecomputeArgs = dataclasses.field(default_factory=RecomputeArgs)
+    compat: CompatArgs = dataclasses.field(default_factory=CompatArgs)
 
     @property
     def tp(self) -> int:
@@ -275,12 +285,14 @@ def parse_args(argv=None, world_size: Optional[int] = None) -> Args:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args = Args(**{name: from_namespace(cls, ns) for name, cls, _ in GROUPS},
                 compression=from_namespace(CompressionConfig, ns), world_size=world_size)
+    resolve_sample_based(args, list(argv) if argv is not None else sys.argv[1:])
     validate_args(args)
     return args
 
 
 def validate_args(args: Args) -> None:
     args.parallel.validate(args.world_size)
+    validate_seed_flags(args)
     args.model.validate(args.tp, args.pp)
     args.training.validate(args.dp)
     args.data.validate()

@@ -37,10 +37,18 @@ def transformer_config(args) -> TransformerConfig:
         bf16=m.bf16, fp16=m.fp16, params_dtype=dtype, pipeline_dtype=dtype,
         # The fused kernels are CUDA-only; on CPU their unfused equivalents run.
         gradient_accumulation_fusion=False, bias_activation_fusion=on_gpu,
-        masked_softmax_fusion=on_gpu, bias_dropout_fusion=on_gpu, apply_rope_fusion=False,
+        masked_softmax_fusion=on_gpu and not _compat(args, "no_masked_softmax_fusion"),
+        bias_dropout_fusion=on_gpu, apply_rope_fusion=False,
         persist_layer_norm=False, use_cpu_initialization=True,
         # Partial micro-batch pipelining is not used: our schedule sends whole tensors.
-        variable_seq_lengths=False, deallocate_pipeline_outputs=False)
+        variable_seq_lengths=False, deallocate_pipeline_outputs=False,
+        **(args.recompute.transformer_config_kwargs() if getattr(args, "recompute", None)
+           else {}))
+
+
+def _compat(args, name: str) -> bool:
+    """A Megatron-LM v2.5 compatibility flag (seed_flags.CompatArgs), False when absent."""
+    return bool(getattr(getattr(args, "compat", None), name, False))
 
 
 def build_gpt_model(args, config: TransformerConfig, padded_vocab_size: int,

@@ -22,8 +22,12 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron.training.channels import build_grad_sync, build_pipeline_channels
 from megatron.cc.schedule import forward_backward_1f1b, forward_backward_no_pipelining, run_backward
+from megatron.cc.gpipe import forward_backward_gpipe
 from megatron.cc.stats import ChannelStats
 from megatron.training import data as data_mod
+from megatron.training import comp_summary
+from megatron.training.batch_rampup import BatchRampup
+from megatron.training.run_log import RunLog, run_dir
 from megatron.training.checkpointing import CheckpointManager
 from megatron.training.config_flags import ConfigError
 from megatron.training.model import build_gpt_model, transformer_config, unwrap
@@ -55,7 +59,7 @@ class StageStep:
         return self.t.batches.sample_ids(self.consumed, mb, ps.get_data_parallel_rank())
 
     def forward(self, input_tensor, mb: int):
-        model, M = self.t.model, self.t.args.num_microbatches
+        model, M = self.t.model, self.t.batches.num_microbatches
         first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         batch = data_mod.collate(self.dataset, self.sample_ids(mb)) if first or last else {}
         unwrap(model).set_input_tensor(input_tensor)
@@ -85,6 +89,7 @@ class Trainer:
         self.optimizer, self.scheduler = self._build_optimizer()
         self.batches = data_mod.MicroBatchSchedule(args.training.micro_batch_size, args.dp,
                                                    args.num_microbatches)
+        self.rampup = BatchRampup.from_args(args)   # --rampup-batch-size (else constant)
         self.train_ds, self.valid_ds, _ = self._build_datasets()
         self.epoch_samples = self._epoch_samples()
         self.channels = build_pipeline_channels(args, self.config, self.stats,
@@ -92,6 +97,8 @@ class Trainer:
         self.grad_sync = build_grad_sync(args, self.model, self.stats)
         self.iteration, self.consumed_samples = 0, 0
         self.writer = self._tensorboard()
+        self.run_log = RunLog(args.logging, dist.get_rank() == dist.get_world_size() - 1)
+        self.comp_total: Dict[str, Dict[str, int]] = {}   # --check-comp-ratio's running sum
         self.ckpt = CheckpointManager(args, self)
         self.ckpt.register("pipeline_channels", self.channels)
         self.ckpt.register("grad_sync", self.grad_sync)
@@ -125,6 +132,11 @@ class Trainer:
         decay_iters = a.lr_decay_iters or a.train_iters
         warmup = (int(a.lr_warmup_fraction * decay_iters) if a.lr_warmup_fraction is not None
                   else a.lr_warmup_iters)
+        c = self.args.compat
+        if c.train_samples is not None:   # Megatron's sample-based schedule, stepped by batch
+            decay_iters = c.lr_decay_samples or c.train_samples
+            warmup = (int(a.lr_warmup_fraction * decay_iters) if a.lr_warmup_fraction is not None
+                      else c.lr_warmup_samples)
         scheduler = OptimizerParamScheduler(
             optimizer, init_lr=0.0 if warmup else a.lr, max_lr=a.lr, min_lr=a.min_lr,
             lr_warmup_steps=warmup, lr_decay_steps=decay_iters,
@@ -162,7 +174,7 @@ class Trainer:
         return n
 
     def _tensorboard(self):
-        d = self.args.logging.tensorboard_dir
+        d = run_dir(self.args.logging)   # --tensorboard-dir[/--experiment-name]
         if not d or dist.get_rank() != dist.get_world_size() - 1:
             return None
         from torch.utils.tensorboard import SummaryWriter
@@ -189,21 +201,34 @@ class Trainer:
     # ---------------------------------------------------------------- one iteration
     def forward_backward(self, dataset, consumed: int, forward_only=False) -> StageStep:
         step = StageStep(self, dataset, consumed, forward_only)
+        M = self.batches.num_microbatches
         if self.args.pp == 1:
-            forward_backward_no_pipelining(step, self.args.num_microbatches, forward_only)
+            forward_backward_no_pipelining(step, M, forward_only)
+        elif self.args.compat.pp_mode == "gpipe":
+            forward_backward_gpipe(step, self.channels, M, self.iteration, forward_only)
         else:
-            forward_backward_1f1b(step, self.channels, self.args.num_microbatches,
+            forward_backward_1f1b(step, self.channels, M,
                                   self.iteration, ps.get_pipeline_model_parallel_rank(),
                                   self.args.pp, forward_only)
         return step
 
+    def _set_batch_size(self) -> None:
+        """--rampup-batch-size: this iteration's global batch, from consumed samples alone."""
+        gbs = self.rampup.batch_size(self.consumed_samples)
+        if gbs != self.batches.global_batch_size:
+            mbs, dp = self.args.training.micro_batch_size, self.args.dp
+            self.batches = data_mod.MicroBatchSchedule(mbs, dp, gbs // (mbs * dp))
+
     def train_step(self) -> Dict[str, float]:
+        self._set_batch_size()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         step = self.forward_backward(self.train_ds, self.consumed_samples % self.epoch_samples)
         self.grad_sync(self.model, self.iteration)
         ok, grad_norm, _ = self.optimizer.step()
-        self.scheduler.step(increment=1)
+        # sample-based training (--train-samples) counts the schedule in samples
+        sample_based = self.args.compat.train_samples is not None
+        self.scheduler.step(increment=self.batches.global_batch_size if sample_based else 1)
         self.iteration += 1
         self.consumed_samples += self.batches.global_batch_size
         return {"lm loss": self._reduce_loss(step.losses), "grad norm": grad_norm or 0.0,
@@ -248,6 +273,7 @@ class Trainer:
         dist.all_gather_object(snapshots, self.stats.snapshot())  # sync point: log steps only
         totals = ChannelStats.merge(snapshots)
         self.stats.reset()
+        comp_summary.accumulate(self.comp_total, totals)
         tokens_per_s = self.batches.global_batch_size * a.model.seq_length / max(elapsed, 1e-9)
         lr = self.scheduler.get_lr(self.optimizer.param_groups[0])
         line = (f" iteration {self.iteration:8d}/{a.training.train_iters:8d} |"
@@ -263,6 +289,7 @@ class Trainer:
         if comm:
             line += f" {comm} |"
         print_rank_last(line)
+        self.run_log.write(line)
         if self.writer is not None:
             self.writer.add_scalar("lm loss", metrics["lm loss"], self.iteration)
             self.writer.add_scalar("learning-rate", lr, self.iteration)
@@ -291,6 +318,7 @@ class Trainer:
             msg = (f" validation loss at iteration {self.iteration} | lm loss value: {loss:.6E} |"
                    f" lm loss PPL: {ppl:.6E} |")
             print_rank_last("-" * len(msg) + "\n" + msg + "\n" + "-" * len(msg))
+            self.run_log.write(msg)
             if self.writer is not None:
                 self.writer.add_scalar("lm loss validation", loss, self.iteration)
                 self.writer.add_scalar("lm loss validation ppl", ppl, self.iteration)
@@ -303,10 +331,23 @@ class Trainer:
             self.evaluate()
 
     def close(self) -> None:
+        if self.args.compression.check_comp_ratio:
+            self.report_compression()
         self.report_peak_memory()
         self.channels.close()
         if self.writer is not None:
             self.writer.close()
+
+    def report_compression(self) -> None:
+        """--check-comp-ratio: whole-run bytes per channel (the tail since the last log line
+        included). Collective: every rank calls it."""
+        snapshots = [None] * dist.get_world_size()
+        dist.all_gather_object(snapshots, self.stats.snapshot())
+        self.stats.reset()
+        comp_summary.accumulate(self.comp_total, ChannelStats.merge(snapshots))
+        text = comp_summary.format_summary(self.comp_total, self.iteration)
+        print_rank_last(text)
+        self.run_log.write(text)
 
     def report_peak_memory(self) -> None:
         """Peak memory per rank (GPU: max allocated; CPU: peak RSS), printed by the last rank."""

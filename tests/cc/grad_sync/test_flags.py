@@ -38,18 +38,28 @@ def test_compressed_stages():
     assert c.compressed_stages(4) == 3 and c.compressed_stages(1) == 1   # default pp - 1
     c = CompressionConfig(grad_comp=True, selective_grad_comp=True, selective_grad_comp_way=2)
     assert c.compressed_stages(4) == 2
+    # Optimus-CC compresses stage s when s < way: a way above pp means every stage
+    c = CompressionConfig(grad_comp=True, selective_grad_comp=True, selective_grad_comp_way=5)
+    c.validate(pp=4, dp=2, tp=1)
+    assert c.compressed_stages(4) == 4 and c.compressed_stages(2) == 2
+
+
+def test_error_feedback_with_sc_alone_is_powersgd_error_feedback():
+    """README section C of Optimus-CC: --grad_comp ... --use_error_feedback without CB."""
+    c = CompressionConfig(grad_comp=True, use_error_feedback=True, selective_grad_comp=True,
+                          selective_grad_comp_way=3)
+    c.validate(pp=4, dp=2, tp=1)
+    assert not c.compressed_backprop and c.compressed_stages(4) == 3
 
 
 @pytest.mark.parametrize("fields,pp,message", [
     (dict(selective_grad_comp=True), 4, "--selective-grad-comp.*--grad-comp"),
     (dict(grad_comp=True, selective_grad_comp=True, selective_grad_comp_way=0), 4,
      "--selective-grad-comp-way 0"),
-    (dict(grad_comp=True, selective_grad_comp=True, selective_grad_comp_way=5), 4,
-     "--selective-grad-comp-way 5.*--pipeline-model-parallel-size \\(4\\)"),
     (dict(grad_comp=True, grad_comp_rank=0), 2, "--grad-comp-rank"),
     (dict(grad_comp=True, grad_comp_warm_up=1.0), 2, "--grad-comp-warm-up"),
     (dict(grad_comp=True, grad_comp_warm_up=-0.1), 2, "--grad-comp-warm-up"),
-    (dict(use_error_feedback=True), 2, "--use-error-feedback.*add --inter-grad-comp"),
+    (dict(use_error_feedback=True), 2, "--use-error-feedback.*add --inter-grad-comp or --grad-comp"),
     (dict(inter_grad_comp=True, lep_flush_on_uncompressed=True), 2,
      "--lep-flush-on-uncompressed.*add --use-error-feedback"),
     (dict(lep_flush_on_uncompressed=True), 2, "--lep-flush-on-uncompressed.*--inter-grad-comp"),
