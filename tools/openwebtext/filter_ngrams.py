@@ -69,7 +69,9 @@ def read_task_texts(path: Path, keys: set[str] | None, summary: Summary):
 
 def resolve_task_files(args, parser) -> dict[str, Path]:
     files = {}
-    for name in args.tasks:
+    # --lambada-path names lambada's file itself (the seed's command gives both
+    # `--tasks lambada ...` and `--lambada-path P`): it is not looked up in --task-dir.
+    for name in [t for t in args.tasks if not (t == "lambada" and args.lambada_path)]:
         found = [Path(args.task_dir) / f"{name}{s}" for s in TASK_SUFFIXES] if args.task_dir else []
         found = [p for p in found if p.exists()]
         if not found:
@@ -83,8 +85,9 @@ def resolve_task_files(args, parser) -> dict[str, Path]:
         if not path.exists():
             parser.error(f"task file {path}: no such file")
         files[name] = path
-    if not files:
-        parser.error("give task data with --tasks NAME... --task-dir DIR and/or --task-files PATH...")
+    if not files and not args.load_dictionary:
+        parser.error("give task data with --tasks NAME... --task-dir DIR and/or --task-files "
+                     "PATH..., or --load-dictionary PATH")
     return files
 
 
@@ -190,8 +193,66 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pieces of a split document shorter than this many characters are dropped (default 200).")
     p.add_argument("--splits-count", type=int, default=10,
                    help="a document needing more cuts than this is dropped whole (default 10).")
+    # Megatron-LM / Optimus-CC spellings and features (their README's "save and load dictionary")
+    p.add_argument("--save-dictionary", default=None, metavar="PATH",
+                   help="save the task n-gram table to PATH (JSON) for later runs.")
+    p.add_argument("--load-dictionary", default=None, metavar="PATH",
+                   help="use a table saved by --save-dictionary (task files then optional; "
+                        "given ones are added).")
+    p.add_argument("--key-threshold", type=int, default=None, metavar="K",
+                   help="n-grams found in more than K training documents are common phrases, not "
+                        "contamination, and are not cut (a first pass counts them). Megatron-LM's "
+                        "default is 10; default here: no threshold.")
     add_common_args(p)
+    p.add_argument("--num-threads", dest="workers", type=int, default=argparse.SUPPRESS,
+                   help="Megatron-LM's name for --workers (processes here).")
     return p
+
+
+def save_table(path: str, table: dict[int, dict[tuple, str]]) -> None:
+    import json
+    rows = [[" ".join(g), task] for grams in table.values() for g, task in grams.items()]
+    with atomic_output(path) as f:
+        f.write(json.dumps({"version": 1, "ngrams": rows}))
+
+
+def load_table(path: str, parser) -> dict[int, dict[tuple, str]]:
+    import json
+    try:
+        rows = json.load(open(path))["ngrams"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        parser.error(f"--load-dictionary {path}: not a table written by --save-dictionary ({e})")
+    table: dict[int, dict[tuple, str]] = {}
+    for gram, task in rows:
+        words = tuple(gram.split(" "))
+        table.setdefault(len(words), {})[words] = task
+    return table
+
+
+def _count_documents(doc: dict):
+    """The distinct task n-grams one training document contains (first pass of --key-threshold)."""
+    words, _ = words_with_spans(doc[_state["text_key"]])
+    found = set()
+    for n, grams in _state["table"].items():
+        for i in range(len(words) - n + 1):
+            g = tuple(words[i:i + n])
+            if g in grams:
+                found.add(g)
+    return found
+
+
+def drop_common_ngrams(table, args, text_key, summary) -> None:
+    """--key-threshold: remove n-grams present in more than K training documents."""
+    counts: Counter = Counter()
+    docs = read_documents(args.dedup_dataset[0], Summary("filter_ngrams"), text_key, progress=False)
+    init = (table, 0, 0, 0, text_key)
+    for found in parallel_map(_count_documents, docs, args.workers, _init_worker, init,
+                              progress=not args.no_progress, desc="count n-grams"):
+        counts.update(found)
+    common = [g for g, c in counts.items() if c > args.key_threshold]
+    for g in common:
+        table[len(g)].pop(g, None)
+    summary.note("ngrams_above_key_threshold", len(common))
 
 
 def main(argv=None) -> dict:
@@ -203,10 +264,18 @@ def main(argv=None) -> dict:
     summary, reading, task_reading = (Summary("filter_ngrams") for _ in range(3))
     keys = set(args.task_keys) if args.task_keys else None
     table = build_ngram_table(task_files, args.max_ngram_size, args.min_ngram_size, keys, task_reading)
+    if args.load_dictionary:
+        for n, grams in load_table(args.load_dictionary, parser).items():
+            for g, task in grams.items():
+                table.setdefault(n, {}).setdefault(g, task)
+    if args.save_dictionary:
+        save_table(args.save_dictionary, table)
     summary.notes.update(task_reading.notes)
     summary.absorb_as_notes(task_reading, "task_files_")
 
     data_path, text_key = args.dedup_dataset
+    if args.key_threshold is not None:
+        drop_common_ngrams(table, args, text_key, summary)
     docs = read_documents(data_path, reading, text_key, progress=False)
     init = (table, args.remove_char_each_side, args.filter_text_char_len, args.splits_count, text_key)
     with atomic_output(args.output) as out:

@@ -94,6 +94,22 @@ def _sign(item: tuple[str, str]) -> tuple[str, np.ndarray | None]:
     return key, (_signer.signature(hashes) if hashes.size else None)
 
 
+def _sign_keep(item: tuple[str, str]):
+    """_sign plus the shingle hashes themselves (for --jaccard's exact similarity)."""
+    key, text = item
+    hashes = shingle_hashes(text, _config)
+    return key, (_signer.signature(hashes) if hashes.size else None), hashes
+
+
+def similarity(a: np.ndarray, b: np.ndarray, kind: str) -> float:
+    """Megatron-LM's --jaccard kinds over two sorted unique shingle-hash arrays:
+    |A & B| / |A | B| (union), / min(|A|, |B|) (min), / ((|A| + |B|) / 2) (avg)."""
+    inter = np.intersect1d(a, b, assume_unique=True).size
+    denom = {"union": a.size + b.size - inter, "min": min(a.size, b.size),
+             "avg": (a.size + b.size) / 2}[kind]
+    return inter / denom if denom else 1.0
+
+
 # ----------------------------------------------------------------------------- main
 
 def index_fingerprints(paths, meta: dict, signer: Signer, lsh, summary: Summary):
@@ -150,6 +166,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "use the same one (default 1234).")
     add_shingle_args(p)
     p.add_argument("--text-key", default="text", help="JSON key holding the text (default 'text').")
+    g = p.add_argument_group("Megatron-LM / Optimus-CC flags")
+    g.add_argument("--jaccard", choices=["union", "min", "avg"], default=None,
+                   help="also compute each candidate's exact similarity of this kind (shingle "
+                        "sets; union is Jaccard) into its 'jaccard' field, and drop candidates "
+                        "below --jaccard-threshold. Keeps every document's shingles in memory, "
+                        "as the seed does. Pairs with a loaded fingerprint get null.")
+    g.add_argument("--jaccard-threshold", type=float, default=0.5,
+                   help="with --jaccard: smallest similarity written (Megatron-LM: 0.5).")
+    g.add_argument("--heuristic-iter", type=int, default=-1,
+                   help="the seed's number of bucket-sampling rounds (-1: compare every "
+                        "candidate). Accepted: every LSH candidate is compared here.")
+    g.add_argument("--jaccard-parallel", action="store_true",
+                   help="the seed computes --jaccard in worker processes; accepted (shingling "
+                        "already runs in --workers processes, the comparison in the main one).")
     add_common_args(p)
     return p
 
@@ -180,9 +210,12 @@ def main(argv=None) -> dict:
     n_pairs = 0
     with atomic_output(args.output) as out:
         out.write(dump_line({"meta": dict(meta, num_bands=args.num_bands, fingerprints_loaded=n_loaded)}))
-        for key, sig in parallel_map(_sign, texts, args.workers, _init_worker,
-                                     (args.num_seeds, args.seed, config), chunksize=64,
-                                     progress=progress, desc="minhash"):
+        shingles: dict[int, np.ndarray] = {}      # rank -> shingle hashes (--jaccard only)
+        sign = _sign_keep if args.jaccard else _sign
+        for item in parallel_map(sign, texts, args.workers, _init_worker,
+                                 (args.num_seeds, args.seed, config), chunksize=64,
+                                 progress=progress, desc="minhash"):
+            key, sig = item[0], item[1]
             if key in rank_of:
                 summary.drop("repeated_key")
                 continue
@@ -193,9 +226,19 @@ def main(argv=None) -> dict:
             mh = signer.minhash(sig)
             for other in sorted(lsh.query(mh)):
                 est = estimated_jaccard(signatures[other], sig)
-                out.write(dump_line({"a": keys[other], "b": key, "a_rank": other, "b_rank": rank,
-                                     "estimate": round(est, 4)}))
+                pair = {"a": keys[other], "b": key, "a_rank": other, "b_rank": rank,
+                        "estimate": round(est, 4)}
+                if args.jaccard:
+                    exact = (similarity(shingles[other], item[2], args.jaccard)
+                             if other in shingles else None)
+                    if exact is not None and exact < args.jaccard_threshold:
+                        summary.note("candidates_below_jaccard_threshold")
+                        continue
+                    pair["jaccard"] = None if exact is None else round(exact, 4)
+                out.write(dump_line(pair))
                 n_pairs += 1
+            if args.jaccard:
+                shingles[rank] = item[2]
             lsh.insert(rank, mh)
             rank_of[key] = rank
             keys.append(key)
