@@ -163,3 +163,49 @@ def test_cocktail_sgd_opt_example(seed_inputs, tmp_path, monkeypatch):
     assert [p.returncode for p in procs] == [0] * 4, "\n".join(o[-2000:] for o in outs)
     losses = _losses(outs[-1])
     assert losses and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("script", ["tools/dist_lm_runner.py", "tools/ckpt_convert.py"])
+def test_help_runs_as_a_script(script):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=""))
+    assert r.returncode == 0 and "--" in r.stdout, r.stderr
+
+
+def _print_command(seed_inputs, capsys, **over):
+    from tools import dist_lm_runner
+    code = dist_lm_runner.main(_args(seed_inputs, **over) + [
+        "--dist-url", "tcp://127.0.0.1:1", "--rank", "0", "--print-command"])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_epochs_and_caps_become_iterations(seed_inputs, capsys):
+    code, out, _ = _print_command(seed_inputs, capsys, **{"--n-epochs": 3})
+    assert code == 0
+    per_epoch = int(re.search(r"(\d+) iterations per epoch", out).group(1))
+    assert f"--train-iters {3 * per_epoch}" in out and f"--lr-warmup-iters {per_epoch}" in out
+    code, out, _ = _print_command(seed_inputs, capsys, **{"--num-iters": 2})
+    assert "--train-iters 2 " in out and "--lr-warmup-iters 1 " in out   # warm-up shortened
+    code, out, _ = _print_command(seed_inputs, capsys, **{"--total-steps": 5,
+                                                          "--data-group-size": 1})
+    assert "--train-iters 5 " in out
+
+
+@pytest.mark.parametrize("over,fragment", [
+    ({"--num-layers": 3}, "--num-layers (per stage) x --pipeline-group-size = 6, but"),
+    ({"--embedding-dim": 64}, "--embedding-dim = 64, but"),
+    ({"--task-name": "wikitext"}, "--task-name wikitext: the seed downloads this task"),
+    ({"--model-name": "gpt2-xl"}, "--model-name gpt2-xl: not a local directory"),
+    ({"--world-size": 3}, "--world-size 3 != --pipeline-group-size 2 x --data-group-size 1"),
+    ({"--forward-scale-method": "l2"}, "--forward-scale-method l2"),
+    ({"--dp-bits": 4}, "--dp-bits"),
+    ({"--no-such-flag": 1}, "--no-such-flag: neither a runner flag"),
+])
+def test_unmappable_flags_are_refused_by_name(seed_inputs, capfd, over, fragment):
+    from tools import dist_lm_runner
+    code = dist_lm_runner.main(_args(seed_inputs, **over) + [
+        "--dist-url", "tcp://127.0.0.1:1", "--rank", "0", "--print-command"])
+    assert code == 2
+    assert fragment in capfd.readouterr().err

@@ -124,6 +124,8 @@ def test_cb_fe_sc_script_runs_under_torch_distributed_launch(tiny_corpus, tmp_pa
     assert r.returncode == 0, out[-4000:]
     losses = [float(x) for x in re.findall(r"lm loss: ([0-9.E+-]+)", out)]
     assert len(losses) == 3, out[-3000:]
+    print("\nlosses:", losses, "\n" + re.search(r" compression summary.*?(?=\n [a-z]|\Z)",
+                                                 out, re.S).group(0))
     # way 3 > pp 2: both stages compressed their dp gradients (Optimus-CC semantics)
     assert "every stage compresses" in out
     summary = re.search(r"compression summary over 3 iterations.*", out, re.S).group(0)

@@ -6,6 +6,7 @@ schedule must reproduce the reference losses (fp32 on CPU: the same operations i
 order, so equal to float rounding).
 """
 import os
+import re
 
 import pytest
 
@@ -47,3 +48,49 @@ def test_same_losses_as_reference(runs, name):
     assert len(runs[name]) == len(ref) == 3
     for a, b in zip(runs[name], ref):
         assert abs(a - b) <= 1e-6 * abs(b), (name, runs[name], ref)
+
+
+@pytest.mark.parametrize("flags,expected", [
+    ([], (None, None, None, False)),
+    (["--checkpoint-activations"], ("full", "uniform", 1, False)),
+    (["--activations-checkpoint-method", "block", "--activations-checkpoint-num-layers", "2"],
+     ("full", "block", 2, False)),
+    (["--recompute-granularity", "full", "--recompute-method", "uniform",
+      "--recompute-num-layers", "2", "--distribute-checkpointed-activations",
+      "--tensor-model-parallel-size", "2"], ("full", "uniform", 2, True)),
+    (["--recompute-activations"], ("selective", None, None, False)),
+])
+def test_recompute_flags_reach_megatron_core(tiny_corpus, flags, expected):
+    from megatron.training.arguments import parse_args
+    from megatron.training.model import transformer_config
+    args = parse_args(tiny_gpt_argv(tiny_corpus) + flags, world_size=2)
+    c = transformer_config(args)
+    assert (c.recompute_granularity, c.recompute_method, c.recompute_num_layers,
+            c.distribute_saved_activations) == expected
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (["--distribute-checkpointed-activations", "--checkpoint-activations"],
+     "needs --tensor-model-parallel-size > 1"),
+    (["--recompute-method", "block"], "need --recompute-granularity full"),
+    (["--recompute-granularity", "full", "--recompute-num-layers", "9"],
+     "--recompute-num-layers 9 must be between 1 and the layers of one pipeline stage (4)"),
+    (["--data-impl", "lazy"], "--data-impl lazy"),
+    (["--DDP-impl", "torch"], "--DDP-impl torch"),
+    (["--train-samples", "64"], "drop --train-iters"),
+    (["--lr-decay-samples", "64"], "needs --train-samples"),
+    (["--pp-mode", "gpipe", "--pipeline-model-parallel-size", "2", "--inter-grad-comp",
+      "--inter-grad-comp-epilogue-only"], "--pp-mode gpipe"),
+    (["--train-iters", None, "--train-samples", "64", "--rampup-batch-size", "3", "1", "8"],
+     "multiples of --micro-batch-size x data-parallel size (2)"),
+])
+def test_seed_flag_contradictions_are_refused(tiny_corpus, flags, fragment):
+    from megatron.training.arguments import parse_args
+    from megatron.training.config_flags import ConfigError
+    argv = tiny_gpt_argv(tiny_corpus, **{"micro-batch-size": 1})
+    if flags[:2] == ["--train-iters", None]:
+        i = argv.index("--train-iters")
+        del argv[i:i + 2]
+        flags = flags[2:]
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        parse_args(argv + flags, world_size=2)
