@@ -49,6 +49,8 @@ def main(argv=None) -> int:
         time.sleep(3 if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0)
         return 2
     resolve_default_data(args)
+    if args.compat.local_rank is not None:   # python -m torch.distributed.launch's --local-rank
+        os.environ.setdefault("LOCAL_RANK", str(args.compat.local_rank))
     if int(os.environ.get("RANK", "0")) == 0:
         from megatron.training.seed_flags import seed_notes
         for note in seed_notes(args):

@@ -12,7 +12,6 @@ Two groups of flags, each a dataclass like the rest of arguments.py:
 update_train_iters does; `seed_notes` returns the one-line notes printed at start-up where a
 flag is accepted but means nothing more here, or where our semantics differ from the seed's.
 """
-import os
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -154,8 +153,6 @@ def resolve_sample_based(args, argv) -> None:
     batch of each iteration), so a ramp-up moves the schedule by the samples really seen.
     """
     c, t = args.compat, args.training
-    if c.local_rank is not None:
-        os.environ.setdefault("LOCAL_RANK", str(c.local_rank))
     if c.rampup_batch_size is not None:
         _check_rampup(c.rampup_batch_size, t.global_batch_size,
                       t.micro_batch_size * args.dp)
