@@ -1,6 +1,12 @@
 """The argument lists of the Optimus-CC seed's scripts, as data (AIS-SNU/Optimus-CC, ASPLOS23/
 and examples/), with their shell placeholders left as {name} fields.
 
+Eight of the 38 scripts were read flag by flag (tbl2 CB-FE-SC 2.5B, fig10 CB-FE 8.3B, fig11,
+fig12 CB-LEP 2.5B, functionality_check CB / CB-FE-SC / example, lsf_run_pretrain_example); they
+share the template below line for line, so the others are written as the template with the
+scheme their file name states (CB = CB with LEP as in the scripts read; CB-NON-LEP and the
+Fig. 12 "CB" without --use_error_feedback).
+
 Every ASPLOS23 script is one template: the GPT-2 Megatron-LM v2.5 flags below, the model size
 and parallel sizes of its experiment, its experiment name and the compression flags of its
 scheme. The v2.5 examples (examples/pretrain_gpt*.sh) are written out whole.
