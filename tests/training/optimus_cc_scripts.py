@@ -82,36 +82,22 @@ def _asplos23():
     return s
 
 
-# Megatron-LM v2.5's GPT examples, which the seed ships unchanged.
+# Megatron-LM v2.5's GPT examples, which the seed ships unchanged (the three 345M ones share
+# everything after the batch sizes).
+_V25_345M = ("--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --micro-batch-size {mbs} "
+             "--global-batch-size {gbs} --seq-length 1024 --max-position-embeddings 1024 "
+             "--train-iters 500000 --lr-decay-iters 320000 --save {{ckpt}} --load {{ckpt}} "
+             "--data-path {{data}} --vocab-file {{vocab}} --merge-file {{merges}} --data-impl mmap "
+             "--split 949,50,1 --distributed-backend nccl --lr 0.00015 --min-lr 1.0e-5 "
+             "--lr-decay-style cosine --weight-decay 1e-2 --clip-grad 1.0 "
+             "--lr-warmup-fraction .01 --checkpoint-activations --log-interval 100 "
+             "--save-interval 10000 --eval-interval 1000 --eval-iters 10 --fp16")
 V25_EXAMPLES = {
-    "examples/pretrain_gpt.sh": (
-        "--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --micro-batch-size 4 "
-        "--global-batch-size 8 --seq-length 1024 --max-position-embeddings 1024 "
-        "--train-iters 500000 --lr-decay-iters 320000 --save {ckpt} --load {ckpt} "
-        "--data-path {data} --vocab-file {vocab} --merge-file {merges} --data-impl mmap "
-        "--split 949,50,1 --distributed-backend nccl --lr 0.00015 --min-lr 1.0e-5 "
-        "--lr-decay-style cosine --weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction .01 "
-        "--checkpoint-activations --log-interval 100 --save-interval 10000 "
-        "--eval-interval 1000 --eval-iters 10 --fp16"),
-    "examples/pretrain_gpt_distributed.sh": (
-        "--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --micro-batch-size 8 "
-        "--global-batch-size 64 --seq-length 1024 --max-position-embeddings 1024 "
-        "--train-iters 500000 --lr-decay-iters 320000 --save {ckpt} --load {ckpt} "
-        "--data-path {data} --vocab-file {vocab} --merge-file {merges} --data-impl mmap "
-        "--split 949,50,1 --distributed-backend nccl --lr 0.00015 --lr-decay-style cosine "
-        "--min-lr 1.0e-5 --weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction .01 "
-        "--checkpoint-activations --log-interval 100 --save-interval 10000 "
-        "--eval-interval 1000 --eval-iters 10 --fp16"),
+    "examples/pretrain_gpt.sh": _V25_345M.format(mbs=4, gbs=8),
+    "examples/pretrain_gpt_distributed.sh": _V25_345M.format(mbs=8, gbs=64),
     "examples/pretrain_gpt_distributed_with_mp.sh": (
-        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers 24 "
-        "--hidden-size 1024 --num-attention-heads 16 --micro-batch-size 2 "
-        "--global-batch-size 16 --seq-length 1024 --max-position-embeddings 1024 "
-        "--train-iters 500000 --lr-decay-iters 320000 --save {ckpt} --load {ckpt} "
-        "--data-path {data} --vocab-file {vocab} --merge-file {merges} --data-impl mmap "
-        "--split 949,50,1 --distributed-backend nccl --lr 0.00015 --lr-decay-style cosine "
-        "--min-lr 1.0e-5 --weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction .01 "
-        "--checkpoint-activations --log-interval 100 --save-interval 10000 "
-        "--eval-interval 1000 --eval-iters 10 --fp16"),
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+        + _V25_345M.format(mbs=2, gbs=16)),
     "examples/pretrain_gpt3_175B.sh": (
         "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 --num-layers 96 "
         "--hidden-size 12288 --num-attention-heads 96 --seq-length 2048 "
