@@ -14,6 +14,9 @@ GPU node (8 GPUs, your data):
         --data-path my_text_document --vocab-file vocab.json --merge-file merges.txt
 
 See examples/ for multi-node torchrun, Slurm and LSF, and README.md for the compression flags.
+Optimus-CC's scripts (Megatron-LM v2.5 flags, `python -m torch.distributed.launch`) run as they
+are; docs/seed_commands.md maps every seed command, and tools/dist_lm_runner.py takes AC-SGD's,
+TAH-Quant's and CocktailSGD's runner command lines.
 """
 import os
 import sys

@@ -80,7 +80,6 @@ def backend_argv(a) -> List[str]:
     if use_cuda and not torch.cuda.is_available():
         raise RunnerError("--use-cuda true, but CUDA is not available; use --use-cuda false")
     if not use_cuda:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""       # the trainer then runs on CPU / gloo
         return ["--distributed-backend", "gloo"]
     backend = {"cupy_nccl": "nccl", None: "nccl"}.get(a.dist_backend, a.dist_backend)
     return ["--distributed-backend", backend]
@@ -146,6 +145,9 @@ def run(a, argv: List[str]) -> int:
 
 def main(argv=None) -> int:
     a, extra = build_parser().parse_known_args(argv)
+    if a.use_cuda is False:
+        # before torch is first imported: CUDA stays invisible to the whole run (CPU / gloo)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     try:
         set_environment(a)
         ours, notes = build_command(a, extra)

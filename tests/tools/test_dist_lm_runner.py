@@ -132,7 +132,9 @@ COCKTAIL = {"--model-type": "gpt2", "--optimizer": "adam", "--seed": 42,
             "--project-name": "cocktail-sgd", "--job-id": 0, "--net-interface": "lo"}
 
 
-def test_cocktail_sgd_refused_by_name_until_dp_mode_exists(seed_inputs, tmp_path, capfd):
+def test_cocktail_sgd_refused_by_name_until_dp_mode_exists(seed_inputs, tmp_path, capfd,
+                                                           monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)   # restored after the test
     if _trainer_has("--dp-mode"):
         pytest.skip("pretrain_gpt.py has --dp-mode: the CocktailSGD example runs instead")
     from tools import dist_lm_runner
@@ -174,6 +176,8 @@ def test_help_runs_as_a_script(script):
 
 
 def _print_command(seed_inputs, capsys, **over):
+    """In-process run of --print-command (--use-cuda false hides CUDA from this process: the
+    tests calling it restore CUDA_VISIBLE_DEVICES through monkeypatch)."""
     from tools import dist_lm_runner
     code = dist_lm_runner.main(_args(seed_inputs, **over) + [
         "--dist-url", "tcp://127.0.0.1:1", "--rank", "0", "--print-command"])
@@ -181,7 +185,8 @@ def _print_command(seed_inputs, capsys, **over):
     return code, out.out, out.err
 
 
-def test_epochs_and_caps_become_iterations(seed_inputs, capsys):
+def test_epochs_and_caps_become_iterations(seed_inputs, capsys, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     code, out, _ = _print_command(seed_inputs, capsys, **{"--n-epochs": 3})
     assert code == 0
     per_epoch = int(re.search(r"(\d+) iterations per epoch", out).group(1))
@@ -203,7 +208,8 @@ def test_epochs_and_caps_become_iterations(seed_inputs, capsys):
     ({"--dp-bits": 4}, "--dp-bits"),
     ({"--no-such-flag": 1}, "--no-such-flag: neither a runner flag"),
 ])
-def test_unmappable_flags_are_refused_by_name(seed_inputs, capfd, over, fragment):
+def test_unmappable_flags_are_refused_by_name(seed_inputs, capfd, monkeypatch, over, fragment):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     from tools import dist_lm_runner
     code = dist_lm_runner.main(_args(seed_inputs, **over) + [
         "--dist-url", "tcp://127.0.0.1:1", "--rank", "0", "--print-command"])
