@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from megatron.training.config_flags import ConfigError, add_dataclass_flags, flag, from_namespace
+from megatron.training.device_args import GpuArgs, validate_gpu_args
 
 
 @dataclass
@@ -222,7 +223,8 @@ class LoggingArgs:
 
 GROUPS = [("parallel", ParallelArgs, "distributed"), ("model", ModelArgs, "model"),
           ("training", TrainingArgs, "training"), ("data", DataArgs, "data"),
-          ("checkpoint", CheckpointArgs, "checkpointing"), ("logging", LoggingArgs, "logging")]
+          ("checkpoint", CheckpointArgs, "checkpointing"), ("logging", LoggingArgs, "logging"),
+          ("gpu", GpuArgs, "GPU, mixed precision and transports")]
 
 
 @dataclass
@@ -236,6 +238,7 @@ class Args:
     logging: LoggingArgs
     compression: "object"  # megatron.cc.config.CompressionConfig
     world_size: int = 1
+    gpu: GpuArgs = dataclasses.field(default_factory=GpuArgs)
 
     @property
     def tp(self) -> int:
@@ -300,3 +303,4 @@ def validate_args(args: Args) -> None:
         import torch
         if not torch.cuda.is_available():
             raise ConfigError("--fp16/--bf16 need GPUs; on CPU train in fp32 (drop the flag)")
+    validate_gpu_args(args)
