@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from megatron.cc.stats import ChannelStats, nbytes
 from megatron.cc.transport import P2PTransport

@@ -46,7 +46,7 @@ class GpuArgs:
               "through pinned host buffers); default the --distributed-backend.",
         choices=BACKENDS)
 
-    def validate(self, fp16: bool, cuda: bool) -> None:
+    def validate(self, fp16: bool) -> None:
         scaling = {"loss_scale": None, "initial_loss_scale": 2.0 ** 32, "min_loss_scale": 1.0,
                    "loss_scale_window": 1000, "hysteresis": 2}
         for name, default in scaling.items():
@@ -63,7 +63,7 @@ class GpuArgs:
         if self.overlap_param_gather and not self.use_distributed_optimizer:
             raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
         for name in ("dp_backend", "pp_backend"):
-            if getattr(self, name) == "nccl" and not cuda:
+            if getattr(self, name) == "nccl" and not _cuda():
                 raise ConfigError(f"--{name.replace('_', '-')} nccl needs CUDA GPUs; use gloo "
                                   f"on CPU")
         if self.transformer_impl == "transformer_engine":
@@ -73,12 +73,16 @@ class GpuArgs:
                                   "package is not installed; use sdpa or local")
 
 
+def _cuda() -> bool:
+    import torch  # only when asked: argument errors must stay fast to report
+    return torch.cuda.is_available()
+
+
 def validate_gpu_args(args) -> None:
     """Cross-group rules: the options megatron-core's DDP handles itself need the exact dp mode
     (our compressed / fused gradient channels replace its all-reduce)."""
-    import torch
     g, c = args.gpu, args.compression
-    g.validate(args.model.fp16, torch.cuda.is_available())
+    g.validate(args.model.fp16)
     ddp_owned = g.use_distributed_optimizer or g.overlap_grad_reduce
     if ddp_owned and (c.grad_comp or (c.emb_comm_opt and args.pp > 1)):
         raise ConfigError("--use-distributed-optimizer / --overlap-grad-reduce run megatron-core's "
