@@ -13,6 +13,7 @@ The parameters (names and shapes) are the same for local and sdpa, so checkpoint
 Hugging Face tools work with either; tests/training/test_attention.py checks equal outputs.
 """
 import contextlib
+import copy
 import importlib.util
 
 import torch
@@ -68,7 +69,7 @@ def layer_spec(impl: str):
             raise ValueError("--transformer-impl transformer_engine: the transformer_engine "
                              "package is not installed; use sdpa or local")
         return specs.get_gpt_layer_with_transformer_engine_spec()
-    spec = specs.get_gpt_layer_local_spec()
+    spec = copy.deepcopy(specs.get_gpt_layer_local_spec())  # never edit a shared spec
     if impl == "sdpa":
         spec.submodules.self_attention.submodules.core_attention = SDPAttention
     elif impl != "local":

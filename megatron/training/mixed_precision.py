@@ -14,10 +14,20 @@ def loss_scaling(gpu_args) -> dict:
                 loss_scale_window=gpu_args.loss_scale_window, hysteresis=gpu_args.hysteresis)
 
 
+def _grad_scaler(optimizer):
+    chained = getattr(optimizer, "chained_optimizers", [optimizer])
+    return getattr(chained[0], "grad_scaler", None)
+
+
+def loss_scaler(optimizer):
+    """loss -> loss x scale before backward (Megatron's grad_scale_func), or None when no
+    scaler runs (fp32, bf16): the optimizer divides the gradients by the same scale."""
+    return None if _grad_scaler(optimizer) is None else optimizer.scale_loss
+
+
 def loss_scale_field(optimizer) -> str:
     """' loss scale: S |' for fp16 runs (Megatron's log line), '' otherwise."""
-    chained = getattr(optimizer, "chained_optimizers", [optimizer])
-    scaler = getattr(chained[0], "grad_scaler", None)
+    scaler = _grad_scaler(optimizer)
     if scaler is None:
         return ""
     return f" loss scale: {float(scaler.scale):.1f} |"   # a sync, at log intervals only

@@ -27,7 +27,7 @@ from megatron.training import data as data_mod
 from megatron.training.checkpointing import CheckpointManager
 from megatron.training.config_flags import ConfigError
 from megatron.training.device import rank_device, to_device
-from megatron.training.mixed_precision import loss_scale_field, loss_scaling
+from megatron.training.mixed_precision import loss_scale_field, loss_scaler, loss_scaling
 from megatron.training.model import build_gpt_model, transformer_config, unwrap
 from megatron.training.tokenizer import build_tokenizer
 
@@ -74,6 +74,8 @@ class StageStep:
         return loss / M
 
     def backward(self, input_tensor, output_tensor, output_grad):
+        if output_grad is None and self.t.scale_loss is not None:  # last stage, fp16
+            output_tensor = self.t.scale_loss(output_tensor)
         return run_backward(input_tensor, output_tensor, output_grad)
 
 
@@ -88,6 +90,7 @@ class Trainer:
         self.config = transformer_config(args)
         self.model = self._build_model()
         self.optimizer, self.scheduler = self._build_optimizer()
+        self.scale_loss = loss_scaler(self.optimizer)
         self.batches = data_mod.MicroBatchSchedule(args.training.micro_batch_size, args.dp,
                                                    args.num_microbatches)
         self.train_ds, self.valid_ds, _ = self._build_datasets()

@@ -71,8 +71,31 @@ def test_mixed_precision_state_round_trips_by_name(monkeypatch):
                                torch.as_tensor(fresh.optimizer.state[b][k]))
 
 
-def test_loss_scale_field_only_with_a_scaler():
-    from megatron.training.mixed_precision import loss_scale_field
+def test_loss_scale_only_with_a_scaler():
+    from megatron.training.mixed_precision import loss_scale_field, loss_scaler
     assert loss_scale_field(types.SimpleNamespace(grad_scaler=None)) == ""
+    assert loss_scaler(types.SimpleNamespace(grad_scaler=None)) is None
     scaler = types.SimpleNamespace(scale=torch.tensor(65536.0))
-    assert loss_scale_field(types.SimpleNamespace(grad_scaler=scaler)) == " loss scale: 65536.0 |"
+    opt = types.SimpleNamespace(grad_scaler=scaler, scale_loss=lambda loss: scaler.scale * loss)
+    assert loss_scale_field(opt) == " loss scale: 65536.0 |"
+    assert loss_scaler(opt)(torch.tensor(2.0)) == 131072.0
+
+
+def _dp_on_own_group(rank, world, corpus):
+    """(1,1,2) twice: megatron DDP's own all-reduce, then the dp channel on a group of its own
+    (what --dp-backend builds when it differs from the default backend; on CPU both are gloo,
+    so the difference is forced)."""
+    from megatron.training import transports
+    from tests.conftest import tiny_gpt_argv
+    from tests.training import runner
+    argv = tiny_gpt_argv(corpus, **{"train-iters": 3})
+    ddp = runner.train(argv, world)
+    transports._differs = lambda backend: True
+    own = runner.train(argv + ["--dp-backend", "gloo"], world)
+    return ddp, own
+
+
+def test_dp_channel_on_its_own_group_gives_the_same_losses(tiny_corpus):
+    from tests.distributed import run_distributed
+    ddp, own = run_distributed(_dp_on_own_group, 2, (tiny_corpus,), timeout=300)[-1]
+    assert len(ddp) == 3 and own == ddp

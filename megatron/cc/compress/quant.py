@@ -181,11 +181,24 @@ def quantize(x: torch.Tensor, bits: int, granularity: str = "channel", group_siz
     scales (num_scales,) in scale_dtype. A generator switches on stochastic rounding.
     """
     _check_bits(bits)
+    scales = store_scale(group_absmax(x, granularity, group_size), scale_dtype)
+    return quantize_with_scales(x, scales, bits, granularity, group_size, generator), scales
+
+
+def group_absmax(x: torch.Tensor, granularity: str, group_size: int = 128) -> torch.Tensor:
+    """max |x| of every group, fp32, flat (num_scales,)."""
     xg, red = _to_groups(x.float(), granularity, group_size)
     # max|x| = max(-min, max): no |x| temporary (and amin/amax beat aminmax on CPU)
-    scales = store_scale(torch.maximum(xg.amin(dim=red).neg_(), xg.amax(dim=red)), scale_dtype)
-    step = quant_step(scales, bits)
-    step = torch.where(step > 0, step, torch.ones_like(step)).unsqueeze(red)
+    return torch.maximum(xg.amin(dim=red).neg_(), xg.amax(dim=red)).reshape(-1)
+
+
+def quantize_with_scales(x: torch.Tensor, scales: torch.Tensor, bits: int, granularity: str,
+                         group_size: int = 128,
+                         generator: torch.Generator | None = None) -> torch.Tensor:
+    """uint8 codes of x (its shape) on the grid of the stored `scales`."""
+    xg, red = _to_groups(x.float(), granularity, group_size)
+    step = quant_step(scales, bits).view(_scale_view(xg, red))
+    step = torch.where(step > 0, step, torch.ones_like(step))
     c0, _ = _grid(bits)
     v = xg / step
     v += c0
@@ -195,8 +208,7 @@ def quantize(x: torch.Tensor, bits: int, granularity: str = "channel", group_siz
         v += torch.rand(v.shape, generator=generator, device=generator.device)
         v.floor_()
     v.clamp_(0, 1 if bits == 1 else 2 * int(c0))
-    codes = _from_groups(v.to(torch.uint8), granularity, x.shape)
-    return codes, scales.reshape(-1)
+    return _from_groups(v.to(torch.uint8), granularity, x.shape)
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, bits: int, shape,
