@@ -2,6 +2,8 @@
 stall the stream): encode and decode run under tests/sync_guard.no_host_sync, the payload
 matches payload_spec for fp32 / bf16 / fp16 messages, and everything stays on the input's
 device. The same cases run on CUDA in tests/gpu/test_codecs_cuda.py."""
+import os
+
 import pytest
 import torch
 
@@ -81,3 +83,22 @@ def test_stochastic_rounding_state_resumes_and_refuses_another_device_type():
     c.load_state_dict(dict(sd, device="cuda"))
     with pytest.raises(RuntimeError, match="saved on cuda"):
         c.encode(x)
+
+
+@pytest.mark.skipif(os.environ.get("MEGATRON_CC_TEST_COMPILE") != "1",
+                    reason="compiles with Inductor on the CPU (about a minute); "
+                           "MEGATRON_CC_TEST_COMPILE=1 runs it (tests/gpu runs it on CUDA)")
+@pytest.mark.parametrize("bits", [4])
+def test_compiled_fixpoint_equals_eager_on_cpu(bits):
+    """The fused path (as fused.encode takes it on CUDA) against the eager reference."""
+    from megatron.cc.compress import fused
+    x = torch.randn(64, 2, 96, generator=torch.Generator().manual_seed(0))
+    args = (x, bits, "channel", 128, torch.float16)
+    packed, scales = fused._encode(*args, fused._compiled(fused.group_absmax),
+                                   fused._compiled(fused._codes_packed))
+    ref_packed, ref_scales = fused.encode_eager(*args)
+    assert torch.equal(scales, ref_scales) and torch.equal(packed, ref_packed)
+    y = fused._compiled(fused.decode_eager)(packed, scales, bits, tuple(x.shape), "channel",
+                                            128, torch.bfloat16)
+    assert torch.equal(y, fused.decode_eager(packed, scales, bits, tuple(x.shape), "channel",
+                                             128, torch.bfloat16))
