@@ -17,6 +17,7 @@
 Ends with one PASS/FAIL line per target (tools/gpu_check.py collects them).
 """
 import argparse
+import gc
 import json
 import os
 import sys
@@ -63,7 +64,9 @@ def bench_ours(iters):
         trainer.consumed_samples = 0
         trainer.train_step()
     sec = _timed(step, iters)
-    return sec, torch.cuda.max_memory_allocated(), trainer.model
+    model = trainer.model
+    trainer.close()
+    return sec, torch.cuda.max_memory_allocated(), model
 
 
 def bench_hf(iters, compiled):
@@ -98,6 +101,7 @@ def training_table(iters):
     sec, peak, model = bench_ours(iters)
     rows["ours (pretrain_gpt.py Trainer, bf16)"] = (sec, peak)
     del model
+    gc.collect()   # the trainer's cycles (optimizer <-> model) hold GPU memory until collected
     torch.cuda.empty_cache()
     rows["HF GPT2LMHeadModel eager"] = bench_hf(iters, compiled=False)
     rows["HF GPT2LMHeadModel torch.compile"] = bench_hf(iters, compiled=True)
