@@ -4,9 +4,10 @@
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# torch first and pinned: the CPU wheel here; on a GPU machine install the CUDA build of the
-# same release before `make` (pip then keeps it).
-TORCH  ?= torch==2.13.0
+# torch first and pinned: the CPU wheel for the CPU set-up (pyproject.toml only asks for a
+# range, so a GPU machine's CUDA torch is kept: there run `make setup TORCH=` or skip setup).
+TORCH  ?= torch==2.13.0+cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 NPROC  ?= 8
 # Every channel compressed: 8-bit activations forward (AC-SGD fixpoint), rank-16 CB with LEP
 # backward (Optimus-CC), PowerSGD rank 8 on stage 0's dp gradients (SC), fused embedding sync.
@@ -16,14 +17,14 @@ DEMO_COMPRESSION ?= --forward-compress-method fixpoint --forward-bits 8 \
 	--grad-comp --grad-comp-rank 8 --grad-comp-warm-up 0.1 \
 	--selective-grad-comp --selective-grad-comp-way 1 --emb-comm-opt
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean gpu-check
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH)
+	$(if $(TORCH),$(BIN)/pip install -q --extra-index-url $(TORCH_INDEX) $(TORCH))
 	$(BIN)/pip install -q -e ".[test,eval]"
 	touch $@
 
@@ -42,6 +43,12 @@ test: setup
 
 bench: setup
 	OMP_NUM_THREADS=1 $(BIN)/python bench/bench_vs_huggingface.py
+
+# GPU tests + GPU benchmark with a PASS/FAIL line per item; one line and exit 0 without
+# CUDA. No setup dependency: a GPU machine brings its own torch (docs/gpu_device_run.md).
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-check:
+	$(GPU_PYTHON) tools/gpu_check.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs .cache

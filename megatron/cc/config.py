@@ -33,8 +33,9 @@ class CompressionConfig:
               "one cache per link end; the size is printed at start-up and a cache that does "
               "not fit is refused.")
     activation_cache_location: str = flag(
-        "ram", "delta*: 'ram', or 'disk:DIR' for memory-mapped files in the existing "
-               "directory DIR (one per cache, deleted at exit).")
+        "ram", "delta*: 'ram' (host memory; pinned, with asynchronous copies, when training "
+               "on GPUs), 'device' (GPU memory), or 'disk:DIR' for memory-mapped files in the "
+               "existing directory DIR (one per cache, deleted at exit).")
     tile_size: int = flag(64, "tah: tile width along the hidden dim (a power of two, 2..256).")
     high_precision_bits: int = flag(4, "tah: bits of the high-entropy tokens (1..8).")
     low_precision_bits: int = flag(3, "tah: bits of the other tokens (1..8).")
@@ -229,10 +230,10 @@ class CompressionConfig:
         if n is not None and n < 1:
             raise ConfigError(f"--max-activation-cache-size must be >= 1, got {n}")
         loc = self.activation_cache_location
-        if loc != "ram":
+        if loc not in ("ram", "device"):
             if not loc.startswith("disk:") or not os.path.isdir(loc[5:]):
-                raise ConfigError(f"--activation-cache-location must be 'ram' or 'disk:DIR' with "
-                                  f"an existing directory DIR, got {loc!r}")
+                raise ConfigError(f"--activation-cache-location must be 'ram', 'device' or "
+                                  f"'disk:DIR' with an existing directory DIR, got {loc!r}")
 
     def _validate_backward(self) -> None:
         bwd = self.backward_compress_method

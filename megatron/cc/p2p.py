@@ -8,16 +8,17 @@ inferred from call order, and nothing extra crosses the wire.
 
 Payloads are lists of tensors whose shapes both ends compute from the activation shape
 (`codec.payload_spec`), so receive buffers are allocated without a size handshake. All
-transfers go through `torch.distributed.batch_isend_irecv`, which works on gloo and NCCL;
+transfers go through `torch.distributed.batch_isend_irecv` (megatron.cc.transport: NCCL, or
+gloo with CUDA tensors staged through pinned host memory);
 combined send+receive ops post both before waiting, as Megatron does, so 1F1B cannot deadlock.
 """
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from megatron.cc.stats import ChannelStats, nbytes
+from megatron.cc.transport import P2PTransport
 
 
 @dataclass
@@ -93,33 +94,35 @@ class PipelineChannels:
 
     def __init__(self, tensor_shape: Sequence[int], dtype: torch.dtype, stats: ChannelStats,
                  prev_fwd: Optional[Link] = None, prev_bwd: Optional[Link] = None,
-                 next_fwd: Optional[Link] = None, next_bwd: Optional[Link] = None):
+                 next_fwd: Optional[Link] = None, next_bwd: Optional[Link] = None,
+                 transport: Optional[P2PTransport] = None):
         self.shape = tuple(tensor_shape)
         self.dtype = dtype
         self.stats = stats
         self.prev_fwd, self.prev_bwd = prev_fwd, prev_bwd
         self.next_fwd, self.next_bwd = next_fwd, next_bwd
         self.probe = None   # optional OrthogonalityProbe (last stage, --check-orth-error-acti)
+        self.transport = transport  # None: the default group (built on first use)
 
     # -- one call = one batch of isend/irecv posted together, then waited for --------------
     def _exchange(self, send: Optional[tuple], recv: Optional[tuple]) -> Optional[torch.Tensor]:
-        ops, out = [], None
+        sends, recvs, out = [], [], None
         if send is not None:
             link, x, msg = send
             payload = link.encode(x, msg)
             raw = x.numel() * x.element_size()
             if msg.train:  # per-iteration training traffic; evaluation is not counted
                 self.stats.add(link.channel, nbytes(payload), raw)
-            ops += [dist.P2POp(dist.isend, p, link.peer) for p in payload]
+            sends = [(p, link.peer) for p in payload]
             if self.probe is not None and link.channel == "pp-bwd" and link.compressed(msg):
                 self.probe.error(link.codec.error(x.shape))
         if recv is not None:
             link, msg = recv
             bufs = link.buffers(self.shape, self.dtype, msg)
-            ops += [dist.P2POp(dist.irecv, b, link.peer) for b in bufs]
-        if ops:
-            for req in dist.batch_isend_irecv(ops):
-                req.wait()
+            recvs = [(b, link.peer) for b in bufs]
+        if self.transport is None:
+            self.transport = P2PTransport()
+        self.transport.exchange(sends, recvs)
         if recv is not None:
             out = link.decode(bufs, self.shape, self.dtype, msg)
             out = out.to(self.dtype).requires_grad_(recv[0].channel == "pp-fwd")

@@ -25,8 +25,9 @@ class ChannelStats:
         self.messages: Dict[str, int] = defaultdict(int)
         self.diagnostics: Dict[str, list] = {}   # name -> [sum, count]
 
-    def observe(self, name: str, value: float) -> None:
-        """A diagnostic value; the log prints its mean over the interval."""
+    def observe(self, name: str, value) -> None:
+        """A diagnostic value (float or 0-dim tensor, summed on its device and read only by
+        `snapshot`, at log intervals); the log prints its mean over the interval."""
         acc = self.diagnostics.setdefault(name, [0.0, 0])
         acc[0] += value
         acc[1] += 1
@@ -46,7 +47,7 @@ class ChannelStats:
         snap = {c: {"sent": self.sent[c], "raw": self.raw[c], "messages": self.messages[c]}
                 for c in CHANNELS if self.messages[c]}
         for name, (total, count) in self.diagnostics.items():
-            snap[name] = {"sum": total, "count": count}
+            snap[name] = {"sum": float(total), "count": count}  # the one sync, at log time
         return snap
 
     @staticmethod

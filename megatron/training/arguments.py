@@ -16,6 +16,7 @@ from typing import List, Optional
 from megatron.training.config_flags import ConfigError, add_dataclass_flags, flag, from_namespace
 from megatron.training.seed_flags import (CompatArgs, RecomputeArgs, resolve_sample_based,
                                           validate_seed_flags)
+from megatron.training.device_args import GpuArgs, validate_gpu_args
 
 
 @dataclass
@@ -230,7 +231,8 @@ GROUPS = [("parallel", ParallelArgs, "distributed"), ("model", ModelArgs, "model
           ("checkpoint", CheckpointArgs, "checkpointing"), ("logging", LoggingArgs, "logging"),
           # Megatron-LM v2.5 / Optimus-CC script flags (seed_flags.py)
           ("recompute", RecomputeArgs, "activation recomputation"),
-          ("compat", CompatArgs, "Megatron-LM v2.5 compatibility")]
+          ("compat", CompatArgs, "Megatron-LM v2.5 compatibility"),
+          ("gpu", GpuArgs, "GPU, mixed precision and transports")]
 
 
 @dataclass
@@ -246,6 +248,7 @@ class Args:
     world_size: int = 1
     recompute: RecomputeArgs = dataclasses.field(default_factory=RecomputeArgs)
     compat: CompatArgs = dataclasses.field(default_factory=CompatArgs)
+    gpu: GpuArgs = dataclasses.field(default_factory=GpuArgs)
 
     @property
     def tp(self) -> int:
@@ -312,3 +315,4 @@ def validate_args(args: Args) -> None:
         import torch
         if not torch.cuda.is_available():
             raise ConfigError("--fp16/--bf16 need GPUs; on CPU train in fp32 (drop the flag)")
+    validate_gpu_args(args)

@@ -14,6 +14,7 @@ from megatron.cc.diagnostics import OrthogonalityProbe
 from megatron.cc.p2p import Link, PipelineChannels
 from megatron.cc.policy import BackwardCompressionPolicy
 from megatron.training.pipeline_codecs import attach_codecs
+from megatron.training.transports import data_parallel_group, pipeline_transport
 
 
 def activation_shape(args):
@@ -61,7 +62,8 @@ def build_pipeline_channels(args, config, stats, epoch_samples=None) -> Pipeline
             links["next_bwd"] = Link("pp-bwd", nxt, backward_codec(c, seed),
                                      backward_policy(args, sender_stage=stage + 1))
     attach_codecs(args, links, epoch_samples)   # AC-SGD / TAH-Quant codecs and warm-up
-    channels = PipelineChannels(activation_shape(args), config.pipeline_dtype, stats, **links)
+    channels = PipelineChannels(activation_shape(args), config.pipeline_dtype, stats,
+                                transport=pipeline_transport(args), **links)
     if c.check_orth_error_acti and last and not first:
         channels.probe = OrthogonalityProbe(stats)
     return channels
@@ -73,7 +75,8 @@ def build_grad_sync(args, model, stats) -> GradSync:
     Collective when --emb-comm-opt and pp > 1 (creates the fused groups): call on every rank.
     """
     c = args.compression
-    dp_group = ps.get_data_parallel_group()
+    dp_group = data_parallel_group(args)
+    own_group = dp_group is not ps.get_data_parallel_group()   # --dp-backend: not DDP's group
     stage = ps.get_pipeline_model_parallel_rank()
     fused = c.emb_comm_opt and args.pp > 1   # pp == 1: the embedding goes with the dp sync
     if args.dp > 1 and stage < c.compressed_stages(args.pp):
@@ -82,7 +85,8 @@ def build_grad_sync(args, model, stats) -> GradSync:
             warm_up_iters=int(c.grad_comp_warm_up * args.training.train_iters),
             exclude_embedding=fused, seed=args.training.seed)
     else:
-        dp = ExactDataParallelSync(dp_group, stats, exclude_embedding=fused)
+        dp = ExactDataParallelSync(dp_group, stats, exclude_embedding=fused,
+                                   use_group=own_group)
     # first or last stage: holds a copy of the tied embedding (asked of the stage, not of
     # ps.is_rank_in_embedding_group, whose rank list survives destroy_model_parallel)
     member = ps.is_pipeline_first_stage(ignore_virtual=True) or \

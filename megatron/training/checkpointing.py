@@ -77,28 +77,75 @@ def _is_fp32_optimizer(optimizer) -> bool:
     return all(isinstance(o, FP32Optimizer) for o in chained)
 
 
+def _by_name_supported(optimizer) -> bool:
+    """FP32Optimizer, or the mixed-precision one (bf16/fp16), not the distributed optimizer
+    (its state is sharded over data-parallel ranks)."""
+    chained = getattr(optimizer, "chained_optimizers", [optimizer])
+    return all(_is_fp32_optimizer(o) or hasattr(o, "fp32_from_float16_groups") for o in chained)
+
+
+def _model_params(optimizer) -> Dict[int, torch.nn.Parameter]:
+    """{id(param the torch optimizer steps): model parameter it stands for}. fp32 runs: the
+    parameter itself; bf16/fp16 runs: the fp32 main copy of a 16-bit model parameter."""
+    out = {}
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for model_group, main_group in zip(getattr(o, "float16_groups", []),
+                                           getattr(o, "fp32_from_float16_groups", [])):
+            out.update({id(main): model for model, main in zip(model_group, main_group)})
+    return out
+
+
 def named_optimizer_state(optimizer, model) -> Dict[str, dict]:
-    """{global param name: {'step', 'exp_avg', 'exp_avg_sq'}} (reshardable like the params)."""
+    """{global param name: {'step', 'exp_avg', 'exp_avg_sq'[, 'main_param']}}, reshardable
+    like the params. 'main_param' is the fp32 main weight of a bf16/fp16 run (the 16-bit model
+    weight is a rounding of it, so resuming from the model weight alone would not be exact)."""
     names = {id(p): g for _, g, p in global_param_names(unwrap(model))}
+    to_model = _model_params(optimizer)
     out = {}
     for opt in _torch_optimizers(optimizer):
         for group in opt.param_groups:
             for p in group["params"]:
-                if p in opt.state:
-                    out[names[id(p)]] = {k: (v.clone() if torch.is_tensor(v) else v)
-                                         for k, v in opt.state[p].items()}
+                model_param = to_model.get(id(p), p)
+                entry = {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v)
+                         for k, v in opt.state.get(p, {}).items()}
+                if model_param is not p:
+                    entry["main_param"] = p.detach().cpu().clone()
+                if entry:
+                    out[names[id(model_param)]] = entry
     return out
 
 
 def load_named_optimizer_state(optimizer, model, state: Dict[str, dict]) -> None:
+    """Inverse of named_optimizer_state, onto whatever device the parameters live on. A
+    bf16/fp16 run given no main weights (e.g. from an fp32 run) rebuilds them from the model."""
     names = {id(p): g for _, g, p in global_param_names(unwrap(model))}
+    to_model = _model_params(optimizer)
     for opt in _torch_optimizers(optimizer):
         for group in opt.param_groups:
             for p in group["params"]:
-                s = state.get(names[id(p)])
-                if s is not None:
-                    opt.state[p] = {k: (v.to(p.device).clone() if torch.is_tensor(v) else v)
-                                    for k, v in s.items()}
+                s = state.get(names[id(to_model.get(id(p), p))])
+                if s is None:
+                    continue
+                s = dict(s)
+                main = s.pop("main_param", None)
+                if main is not None and to_model.get(id(p)) is not None:
+                    with torch.no_grad():
+                        p.copy_(main.to(p.device))
+                opt.state[p] = {k: (v.to(p.device).clone() if torch.is_tensor(v) else v)
+                                for k, v in s.items()}
+
+
+def grad_scaler_state(optimizer):
+    """fp16's dynamic loss-scale state (None without a scaler)."""
+    chained = getattr(optimizer, "chained_optimizers", [optimizer])
+    scaler = getattr(chained[0], "grad_scaler", None)
+    return None if scaler is None else scaler.state_dict()
+
+
+def load_grad_scaler_state(optimizer, sd) -> None:
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if sd is not None and getattr(o, "grad_scaler", None) is not None:
+            o.grad_scaler.load_state_dict(sd)
 
 
 # ---------------------------------------------------------------- rng
@@ -143,7 +190,7 @@ class CheckpointManager:
         if ps.get_data_parallel_rank() == 0:
             shard = os.path.join(tmp, shard_dir_name(tp_rank, pp_rank))
             os.makedirs(shard, exist_ok=True)
-            fp32 = _is_fp32_optimizer(t.optimizer)
+            by_name = _by_name_supported(t.optimizer)
             atomic_torch_save({
                 "checkpoint_version": CHECKPOINT_VERSION,
                 "iteration": t.iteration,
@@ -153,8 +200,10 @@ class CheckpointManager:
                            "pp_rank": pp_rank, "padded_vocab_size": t.padded_vocab_size,
                            "vocab_size": t.tokenizer.vocab_size},
                 "model": unwrap(t.model).state_dict(),
-                "optimizer_by_name": named_optimizer_state(t.optimizer, t.model) if fp32 else None,
-                "optimizer": None if fp32 else t.optimizer.state_dict(),
+                "optimizer_by_name": (named_optimizer_state(t.optimizer, t.model)
+                                      if by_name else None),
+                "optimizer": None if by_name else t.optimizer.state_dict(),
+                "grad_scaler": grad_scaler_state(t.optimizer),
                 "opt_param_scheduler": t.scheduler.state_dict(),
             }, os.path.join(shard, "model_optim_rng.pt"))
         atomic_torch_save({
@@ -189,12 +238,14 @@ class CheckpointManager:
                              f"running tp={self.args.tp} pp={self.args.pp}; reshard it with "
                              f"tools/checkpoint/reshard.py")
         unwrap(t.model).load_state_dict(sd["model"], strict=True)
+        t.optimizer.reload_model_params()  # bf16/fp16: main weights from the loaded model
         if c.finetune:
             return
         t.iteration, t.consumed_samples = sd["iteration"], sd["consumed_samples"]
         if not c.no_load_optim:
             if sd["optimizer_by_name"] is not None:
                 load_named_optimizer_state(t.optimizer, t.model, sd["optimizer_by_name"])
+                load_grad_scaler_state(t.optimizer, sd.get("grad_scaler"))
             else:
                 t.optimizer.load_state_dict(sd["optimizer"])
             if sd["opt_param_scheduler"] is None:

@@ -10,14 +10,16 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
 from megatron.training import cpu_shim
+from megatron.training.device import check_backend, rank_device
 
 
 def initialize_distributed(args) -> None:
     """torch.distributed + megatron-core's model-parallel groups + seeds."""
     cpu_shim.apply()
     backend = args.parallel.distributed_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    check_backend(backend)
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(rank_device())  # LOCAL_RANK modulo the visible GPUs
     else:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if not dist.is_initialized():

@@ -17,8 +17,9 @@ from typing import Dict, Iterator, Tuple
 import torch
 
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
+from megatron.training.attention import default_impl, layer_spec
+from megatron.training.device import rank_device
 
 
 def transformer_config(args) -> TransformerConfig:
@@ -36,7 +37,8 @@ def transformer_config(args) -> TransformerConfig:
                          if m.openai_gelu else torch.nn.functional.gelu),
         bf16=m.bf16, fp16=m.fp16, params_dtype=dtype, pipeline_dtype=dtype,
         # The fused kernels are CUDA-only; on CPU their unfused equivalents run.
-        gradient_accumulation_fusion=False, bias_activation_fusion=on_gpu,
+        # (fused bias-GeLU takes exact GeLU only; tanh GeLU runs unfused)
+        gradient_accumulation_fusion=False, bias_activation_fusion=on_gpu and not m.openai_gelu,
         masked_softmax_fusion=on_gpu and not _compat(args, "no_masked_softmax_fusion"),
         bias_dropout_fusion=on_gpu, apply_rope_fusion=False,
         persist_layer_norm=False, use_cpu_initialization=True,
@@ -54,14 +56,19 @@ def _compat(args, name: str) -> bool:
 def build_gpt_model(args, config: TransformerConfig, padded_vocab_size: int,
                     pre_process: bool, post_process: bool) -> GPTModel:
     model = GPTModel(
-        config=config, transformer_layer_spec=get_gpt_layer_local_spec(),
+        config=config, transformer_layer_spec=layer_spec(_impl(args)),
         vocab_size=padded_vocab_size, max_sequence_length=args.model.max_position_embeddings,
         pre_process=pre_process, post_process=post_process, parallel_output=True,
         share_embeddings_and_output_weights=not args.model.untie_embeddings_and_output_weights,
         position_embedding_type="learned_absolute")
     init_weights_by_seed(model, args.training.seed, args.model.init_method_std,
                          args.model.num_layers)
-    return model
+    return model.to(rank_device())  # built and initialised on the CPU, trained on the rank's GPU
+
+
+def _impl(args) -> str:
+    gpu = getattr(args, "gpu", None)
+    return (gpu.transformer_impl if gpu is not None else None) or default_impl()
 
 
 # --------------------------------------------------------------------------- global names
@@ -118,7 +125,8 @@ def _generator(seed: int, name: str) -> torch.Generator:
 
 def initial_value(gname: str, shape, seed: int, std: float, num_layers: int) -> torch.Tensor:
     """Megatron's GPT initialisation of one unsplit parameter, keyed by seed and name."""
-    if "layernorm" in gname or gname.endswith("norm.weight") or gname.endswith("norm.bias"):
+    if "layernorm" in gname or "layer_norm" in gname or gname.endswith(("norm.weight",
+                                                                        "norm.bias")):
         return torch.ones(shape) if gname.endswith("weight") else torch.zeros(shape)
     if gname.endswith(".bias"):
         return torch.zeros(shape)

@@ -67,7 +67,7 @@ def forward_codec(args, capacity: int, seed: int, ram_limit: Optional[int]):
     kw = dict(bits=c.forward_bits, capacity=capacity,
               sample_shape=(args.model.seq_length, args.model.hidden_size),
               storage=c.activation_cache_location, ram_limit_bytes=ram_limit,
-              stochastic=c.stochastic_rounding, seed=seed)
+              stochastic=c.stochastic_rounding, seed=seed, device=_device())
     if method == "delta-lowbits":
         kw["bits_act"] = c.forward_bits_act
     return get_codec(method, **kw)
@@ -128,6 +128,13 @@ def attach_codecs(args, links: Dict[str, Link], epoch_samples: Optional[int] = N
             link.policy = WarmupPolicy(warm) if warm else None
         elif link.codec is not None and warm:  # CB: also uncompressed during the warm-up
             link.policy.warmup_iters = max(link.policy.warmup_iters, warm)
+
+
+def _device():
+    """The rank's device (set by initialize_distributed): where the activations arrive."""
+    import torch
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+        else torch.device("cpu")
 
 
 def _global_rank() -> int:

@@ -30,6 +30,8 @@ from megatron.training.batch_rampup import BatchRampup
 from megatron.training.run_log import RunLog, run_dir
 from megatron.training.checkpointing import CheckpointManager
 from megatron.training.config_flags import ConfigError
+from megatron.training.device import rank_device, to_device
+from megatron.training.mixed_precision import loss_scale_field, loss_scaler, loss_scaling
 from megatron.training.model import build_gpt_model, transformer_config, unwrap
 from megatron.training.tokenizer import build_tokenizer
 
@@ -61,7 +63,8 @@ class StageStep:
     def forward(self, input_tensor, mb: int):
         model, M = self.t.model, self.t.batches.num_microbatches
         first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
-        batch = data_mod.collate(self.dataset, self.sample_ids(mb)) if first or last else {}
+        batch = to_device(data_mod.collate(self.dataset, self.sample_ids(mb)),
+                          self.t.device) if first or last else {}
         unwrap(model).set_input_tensor(input_tensor)
         with torch.set_grad_enabled(not self.forward_only):
             out = model(batch.get("tokens") if first else None,
@@ -75,18 +78,23 @@ class StageStep:
         return loss / M
 
     def backward(self, input_tensor, output_tensor, output_grad):
+        if output_grad is None and self.t.scale_loss is not None:  # last stage, fp16
+            output_tensor = self.t.scale_loss(output_tensor)
         return run_backward(input_tensor, output_tensor, output_grad)
 
 
 class Trainer:
     def __init__(self, args):
         self.args = args
+        self.device = rank_device()
+        self.skipped_iters = 0   # since the last log line (fp16 overflow steps)
         self.stats = ChannelStats()
         self.tokenizer = self._build_tokenizer()
         self.padded_vocab_size = args.model.padded_vocab_size(self.tokenizer.vocab_size, args.tp)
         self.config = transformer_config(args)
         self.model = self._build_model()
         self.optimizer, self.scheduler = self._build_optimizer()
+        self.scale_loss = loss_scaler(self.optimizer)
         self.batches = data_mod.MicroBatchSchedule(args.training.micro_batch_size, args.dp,
                                                    args.num_microbatches)
         self.rampup = BatchRampup.from_args(args)   # --rampup-batch-size (else constant)
@@ -116,9 +124,11 @@ class Trainer:
         model = build_gpt_model(self.args, self.config, self.padded_vocab_size,
                                 pre_process=ps.is_pipeline_first_stage(),
                                 post_process=ps.is_pipeline_last_stage())
+        g = self.args.gpu
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False,
-            bucket_size=None)
+            grad_reduce_in_fp32=True, overlap_grad_reduce=g.overlap_grad_reduce,
+            use_distributed_optimizer=g.use_distributed_optimizer,
+            overlap_param_gather=g.overlap_param_gather, bucket_size=None)
         return DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=model)
 
     def _build_optimizer(self):
@@ -127,7 +137,9 @@ class Trainer:
             optimizer="adam", lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay,
             adam_beta1=a.adam_beta1, adam_beta2=a.adam_beta2, adam_eps=a.adam_eps,
             clip_grad=a.clip_grad, bf16=m.bf16, fp16=m.fp16,
-            params_dtype=self.config.params_dtype)
+            params_dtype=self.config.params_dtype, **loss_scaling(self.args.gpu),
+            use_distributed_optimizer=self.args.gpu.use_distributed_optimizer,
+            overlap_param_gather=self.args.gpu.overlap_param_gather)
         optimizer = get_megatron_optimizer(opt_config, [self.model])
         decay_iters = a.lr_decay_iters or a.train_iters
         warmup = (int(a.lr_warmup_fraction * decay_iters) if a.lr_warmup_fraction is not None
@@ -226,6 +238,7 @@ class Trainer:
         step = self.forward_backward(self.train_ds, self.consumed_samples % self.epoch_samples)
         self.grad_sync(self.model, self.iteration)
         ok, grad_norm, _ = self.optimizer.step()
+        self.skipped_iters += 0 if ok else 1  # fp16 overflow: megatron-core skipped the step
         # sample-based training (--train-samples) counts the schedule in samples
         sample_based = self.args.compat.train_samples is not None
         self.scheduler.step(increment=self.batches.global_batch_size if sample_based else 1)
@@ -283,8 +296,10 @@ class Trainer:
                 f" global batch size: {self.batches.global_batch_size:5d} |"
                 f" lm loss: {metrics['lm loss']:.6E} |"
                 f" grad norm: {metrics['grad norm']:.3f} |"
-                f" number of skipped iterations: {metrics['skipped']:3d} |"
+                f"{loss_scale_field(self.optimizer)}"
+                f" number of skipped iterations: {self.skipped_iters:3d} |"
                 f" tokens/s: {tokens_per_s:.0f} |")
+        self.skipped_iters = 0
         comm = ChannelStats.format(totals, iters)
         if comm:
             line += f" {comm} |"

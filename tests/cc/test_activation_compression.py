@@ -95,7 +95,7 @@ def _argv(corpus, **kw):
     ({"forward-compress-method": "fixpoint", "max-activation-cache-size": 8},
      "--max-activation-cache-size configures the delta codecs' activation cache"),
     ({"forward-compress-method": "delta", "activation-cache-location": "disk:/no/such/dir"},
-     "--activation-cache-location must be 'ram' or 'disk:DIR'"),
+     "--activation-cache-location must be 'ram', 'device' or"),
     ({"forward-compress-method": "tah", "stochastic-rounding": True},
      "--stochastic-rounding changes the fixpoint / delta quantisers"),
     ({"forward-compress-method": "delta", "pipeline-model-parallel-size": 1},

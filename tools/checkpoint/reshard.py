@@ -69,7 +69,7 @@ def reshard(load: str, save: str, tp: int, pp: int, iteration=None, vocab_size=N
         vocab_size = tokenizer_vocab_size(tokenizer_flags or argparse.Namespace(), full.args)
     if full.optimizer is None and with_optimizer:
         print("note: this checkpoint's optimizer state is not stored by parameter name "
-              "(fp16/bf16 optimizer); the new checkpoint has none and training starts Adam's "
+              "(a checkpoint from before bf16/fp16 runs saved it by name); the new checkpoint has none and training starts Adam's "
               "moments fresh", file=sys.stderr)
     shards = split(full, tp, pp, vocab_size=vocab_size, with_optimizer=with_optimizer,
                    progress=progress)

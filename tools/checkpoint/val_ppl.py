@@ -66,6 +66,12 @@ def eval_args(full: FullCheckpoint, **overrides):
     args = A.Args(**groups, compression=CompressionConfig(), world_size=1)
     args.parallel.tensor_model_parallel_size = args.parallel.pipeline_model_parallel_size = 1
     args.parallel.distributed_backend = "gloo"
+    # One process needs none of the training run's GPU options (transports, loss scaling);
+    # a bf16/fp16 checkpoint read without a GPU is evaluated in fp32.
+    args.gpu = A.GpuArgs()
+    import torch
+    if not torch.cuda.is_available():
+        args.model.bf16 = args.model.fp16 = False
     c = args.checkpoint
     c.load = c.save = c.save_interval = c.exit_interval = None
     args.logging.tensorboard_dir = None

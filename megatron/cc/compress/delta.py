@@ -18,8 +18,9 @@ epochs): it stores x exactly (up to the cache dtype) so later deltas start from 
 Payload = fixpoint payload of d: [codes uint8 (ceil(S*B*H*b/8),), scales fp16 (num_scales,)],
 per hidden channel by default (num_scales = H).
 
-Cache (ActivationCache), `capacity` samples of shape (S, H), storage "ram" or "disk:PATH"
-(a numpy memmap file; PATH may be an existing directory, then a fresh file is made in it and
+Cache (ActivationCache), `capacity` samples of shape (S, H), storage "ram" (host memory,
+pinned when the messages are on a GPU, every copy asynchronous and stream-ordered), "device"
+(the messages' GPU memory) or "disk:PATH" (a numpy memmap file; PATH may be an existing directory, then a fresh file is made in it and
 removed by close() -- give a directory when several caches share a node, since two caches on
 one file would overwrite each other):
     "delta":         S*H*element_size(cache_dtype) bytes per sample;
@@ -64,6 +65,15 @@ def _mem_available() -> int | None:
     return None
 
 
+def _indexed(device) -> torch.device:
+    """torch.device with its index ("cuda" -> "cuda:N", the current one), so that a cache built
+    for "cuda" matches the cuda:N its messages report."""
+    device = torch.device(device if device is not None else "cpu")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class ActivationCache:
     """Per-sample activation store, keyed by dataset sample id, LRU beyond `capacity`.
 
@@ -74,19 +84,25 @@ class ActivationCache:
         capacity: number of samples held (--max-activation-cache-size).
         sample_shape: (S, H) of one sample's activation.
         dtype: element type of dense storage (ignored when bits is set).
-        storage: "ram" or "disk:PATH".
+        storage: "ram", "device" or "disk:PATH".
         bits: None for dense storage, else 1..8 (delta-lowbits' bits_act).
         ram_limit_bytes: refuse a RAM cache larger than this (default: MemAvailable).
+        device: where values go in and out (the messages' device; default CPU).
+
+    Slot traffic is row copies with non_blocking=True in both directions: with a GPU and a
+    pinned host cache they are asynchronous yet ordered on the stream, so a read always sees
+    the previous write without the host waiting for either.
     """
 
     def __init__(self, capacity: int, sample_shape, dtype=torch.float32, storage: str = "ram",
-                 bits: int | None = None, ram_limit_bytes: int | None = None):
+                 bits: int | None = None, ram_limit_bytes: int | None = None, device=None):
         if capacity < 1:
             raise ValueError(f"activation cache capacity must be >= 1, got {capacity}")
         self.capacity, self.sample_shape = capacity, tuple(int(s) for s in sample_shape)
         if len(self.sample_shape) != 2:
             raise ValueError(f"sample_shape must be (seq, hidden), got {sample_shape}")
         self.dtype, self.bits, self.storage = parse_dtype(dtype), bits, storage
+        self.device = _indexed(device)
         self.slot_bytes = self.bytes_per_sample(self.sample_shape, self.dtype, bits)
         self.path: str | None = None
         self._check_fits(ram_limit_bytes)
@@ -109,14 +125,27 @@ class ActivationCache:
     def describe(self) -> str:
         """One line for the start-up log: what the cache holds, where, and how big it is."""
         what = f"{self.bits}-bit" if self.bits else str(self.dtype).replace("torch.", "")
-        where = "RAM" if self.storage == "ram" else f"disk ({self.path})"
+        where = {"ram": "pinned RAM" if self._pinned else "RAM",
+                 "device": f"{self.device} memory"}.get(self.storage, f"disk ({self.path})")
         return (f"activation cache: {self.capacity} samples x {self.sample_shape[0]}x"
                 f"{self.sample_shape[1]} {what} in {where} = {_gib(self.nbytes)} "
                 f"({self.nbytes:,} bytes)")
 
+    @property
+    def _pinned(self) -> bool:
+        return self.storage == "ram" and self.device.type == "cuda"
+
     def _check_fits(self, ram_limit_bytes: int | None) -> None:
         need = self.nbytes
-        if self.storage == "ram":
+        if self.storage == "device" and self.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.device)[0]
+            if need > free:
+                raise CacheTooLarge(
+                    f"activation cache needs {_gib(need)} ({need} bytes) of {self.device} memory "
+                    f"but only {_gib(free)} is free; lower --max-activation-cache-size, use "
+                    f"delta-lowbits or --activation-cache-location ram")
+            return
+        if self.storage in ("ram", "device"):
             limit = ram_limit_bytes if ram_limit_bytes is not None else _mem_available()
             if limit is not None and need > limit:
                 raise CacheTooLarge(
@@ -125,7 +154,8 @@ class ActivationCache:
                     f"--max-activation-cache-size, use delta-lowbits or disk storage")
             return
         if not self.storage.startswith("disk:") or len(self.storage) == 5:
-            raise ValueError(f"storage must be 'ram' or 'disk:PATH', got {self.storage!r}")
+            raise ValueError(f"storage must be 'ram', 'device' or 'disk:PATH', got "
+                             f"{self.storage!r}")
         path = self.storage[5:]
         self._own_file = os.path.isdir(path)
         if self._own_file:
@@ -141,8 +171,11 @@ class ActivationCache:
 
     def _allocate(self) -> torch.Tensor:
         shape = (self.capacity, self.slot_bytes)
+        self._zero_row = torch.zeros(self.slot_bytes, dtype=torch.uint8, device=self.device)
+        if self.storage == "device":
+            return torch.zeros(shape, dtype=torch.uint8, device=self.device)
         if self.path is None:
-            return torch.zeros(shape, dtype=torch.uint8)
+            return torch.zeros(shape, dtype=torch.uint8, pin_memory=self._pinned)
         self._memmap = np.memmap(self.path, dtype=np.uint8, mode="w+", shape=shape)
         return torch.from_numpy(self._memmap)  # shares the file's pages
 
@@ -176,13 +209,16 @@ class ActivationCache:
                 self.evictions += 1
             self.slots[i] = slot
             fresh.append(slot)
-        if fresh:
-            self.data[fresh] = 0
+        for slot in fresh:  # stream-ordered after any pending write to an evicted slot
+            self.data[slot].copy_(self._zero_row, non_blocking=True)
+        # slots are host metadata (CPU): reading them never syncs a device
         return torch.tensor([self.slots[i] for i in ids], dtype=torch.long), len(fresh)
 
     def read(self, slots: torch.Tensor) -> torch.Tensor:
-        """(B, S, H) float32 values of these slots."""
-        rows = self.data.index_select(0, slots)  # (B, slot_bytes); memcpy per row
+        """(B, S, H) float32 values of these slots, on `device`."""
+        rows = torch.empty(len(slots), self.slot_bytes, dtype=torch.uint8, device=self.device)
+        for i, slot in enumerate(slots.tolist()):  # row memcpy: far faster than a gather
+            rows[i].copy_(self.data[slot], non_blocking=True)
         b, (s, h) = rows.shape[0], self.sample_shape
         if self.bits is None:
             return rows.view(self.dtype).reshape(b, s, h).float()
@@ -206,15 +242,22 @@ class ActivationCache:
             packed = pack_bits(codes, self.bits).view(b, -1)
             rows = torch.cat([packed, scales.view(b, s).view(torch.uint8)], dim=1)
         for i, slot in enumerate(slots.tolist()):  # row memcpy: far faster than index_put
-            self.data[slot].copy_(rows[i])
+            self.data[slot].copy_(rows[i], non_blocking=True)
+
+    def _settle(self) -> None:
+        """Wait for pending asynchronous copies (checkpointing only: the host reads the data)."""
+        if self._pinned:
+            torch.cuda.current_stream(self.device).synchronize()
 
     # -------------------------------------------------------------------------- state
     def state_dict(self) -> dict:
         entries = torch.tensor(list(self.slots.items()), dtype=torch.long).reshape(-1, 2)
+        self._settle()
         if self.path is not None:
             self._memmap.flush()
         return {"sample_shape": self.sample_shape, "entries": entries,
-                "data": self.data[entries[:, 1]].clone(), "evictions": self.evictions,
+                "data": self.data[entries[:, 1].to(self.data.device)].cpu().clone(),
+                "evictions": self.evictions,
                 "path": self.path}
 
     def load_state_dict(self, sd: dict) -> None:
@@ -227,10 +270,11 @@ class ActivationCache:
         slots = sorted(entries[:, 1].tolist())
         if slots != list(range(len(slots))):
             raise ValueError("cache state's slots are not 0..k-1")
+        self._settle()
         self.data.zero_()
         self.slots = OrderedDict((int(i), int(s)) for i, s in entries.tolist())  # LRU order kept
         if slots:
-            self.data[entries[:, 1]] = sd["data"]
+            self.data[entries[:, 1].to(self.data.device)] = sd["data"].to(self.data.device)
         self.evictions = int(sd.get("evictions", 0))
 
 
@@ -243,7 +287,9 @@ class DeltaCodec(Codec):
         capacity: samples in the cache (--max-activation-cache-size).
         sample_shape: (S, H); None = taken from the first message.
         cache_dtype: dense cache element type ("float32", "float16", "bfloat16").
-        storage: "ram" or "disk:PATH".
+        storage: "ram", "device" or "disk:PATH".
+        device: the messages' device, when the cache is built before the first message
+            (sample_shape given); otherwise the first message's device.
         granularity, group_size: fixpoint groups of the delta (default per hidden channel).
         bits_act: None = dense cache; 1..8 = cache quantised to that many bits (delta-lowbits).
         ram_limit_bytes: refuse a RAM cache bigger than this (default: MemAvailable).
@@ -256,23 +302,29 @@ class DeltaCodec(Codec):
     def __init__(self, bits: int = 4, capacity: int = 1024, sample_shape=None,
                  cache_dtype="float32", storage: str = "ram", granularity: str = "channel",
                  group_size: int = 128, bits_act: int | None = None,
-                 ram_limit_bytes: int | None = None, stochastic: bool = False, seed: int = 0):
+                 ram_limit_bytes: int | None = None, stochastic: bool = False, seed: int = 0,
+                 device=None):
         self.q = FixpointCodec(bits, granularity, group_size, stochastic=stochastic, seed=seed)
         self.cache_args = dict(capacity=capacity, dtype=cache_dtype, storage=storage,
                                bits=bits_act, ram_limit_bytes=ram_limit_bytes)
         self.cache: ActivationCache | None = None
         if sample_shape is not None:
-            self.cache = ActivationCache(sample_shape=sample_shape, **self.cache_args)
+            self.cache = ActivationCache(sample_shape=sample_shape, device=device,
+                                         **self.cache_args)
         self.first_sights = 0  # samples sent against an empty slot so far
 
-    def _cache(self, shape, ids) -> tuple[ActivationCache, torch.Tensor]:
+    def _cache(self, shape, ids, device) -> tuple[ActivationCache, torch.Tensor]:
         if len(shape) != 3:
             raise ValueError(f"delta codecs take (S, B, H) activations, got shape {tuple(shape)}")
         if ids is None or len(ids) != shape[1]:
             raise ValueError(f"delta codecs need ctx.sample_ids with one id per sample "
                              f"(B={shape[1]}), got {None if ids is None else len(ids)}")
         if self.cache is None:
-            self.cache = ActivationCache(sample_shape=(shape[0], shape[2]), **self.cache_args)
+            self.cache = ActivationCache(sample_shape=(shape[0], shape[2]), device=device,
+                                         **self.cache_args)
+        if self.cache.device != _indexed(device):
+            raise ValueError(f"the activation cache serves {self.cache.device}, this message is "
+                             f"on {device}; build the codec with device={device}")
         if self.cache.sample_shape != (shape[0], shape[2]):
             raise ValueError(f"activation of shape {tuple(shape)} does not match the cache's "
                              f"samples {self.cache.sample_shape}")
@@ -287,7 +339,7 @@ class DeltaCodec(Codec):
         return self.q.payload_spec(shape, dtype)
 
     def encode(self, x, ctx):
-        cache, slots = self._cache(x.shape, ctx.sample_ids)
+        cache, slots = self._cache(x.shape, ctx.sample_ids, x.device)
         prev = cache.read(slots).transpose(0, 1)          # (S, B, H) view of our own copy
         codes, scales = self.q.quantize(x.float() - prev)
         new = prev.add_(self.q.dequantize(codes, scales, x.shape))  # same op as decode's
@@ -295,7 +347,7 @@ class DeltaCodec(Codec):
         return [pack_bits(codes, self.q.bits), scales]
 
     def decode(self, payload, shape, dtype, ctx):
-        cache, slots = self._cache(shape, ctx.sample_ids)
+        cache, slots = self._cache(shape, ctx.sample_ids, payload[0].device)
         prev = cache.read(slots).transpose(0, 1)
         codes = unpack_bits(payload[0], self.q.bits, math.prod(shape))
         x_hat = prev.add_(self.q.dequantize(codes, payload[1], tuple(shape)))
@@ -308,7 +360,7 @@ class DeltaCodec(Codec):
 
     def observe(self, x: torch.Tensor, ctx) -> None:
         """Record an activation that went uncompressed (call on both ends, same x)."""
-        cache, slots = self._cache(x.shape, ctx.sample_ids)
+        cache, slots = self._cache(x.shape, ctx.sample_ids, x.device)
         cache.write(slots, x.float().transpose(0, 1))
 
     def state_dict(self):
@@ -320,8 +372,9 @@ class DeltaCodec(Codec):
         self.q.load_state_dict(sd.get("quantizer", {}))
         if sd.get("cache") is None:
             return
-        if self.cache is None:
-            self.cache = ActivationCache(sample_shape=sd["cache"]["sample_shape"], **self.cache_args)
+        if self.cache is None:  # built for the CPU; a GPU run builds it with device= first
+            self.cache = ActivationCache(sample_shape=sd["cache"]["sample_shape"],
+                                         **self.cache_args)
         self.cache.load_state_dict(sd["cache"])
 
 

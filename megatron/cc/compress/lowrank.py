@@ -122,28 +122,29 @@ class LowRankCodec(Codec):
         """The LEP error buffer for messages of `shape` (n x m, fp32), or None."""
         return self.errors.get(_key(shape))
 
-    def _initial_q(self, m: int) -> torch.Tensor:
+    def _initial_q(self, m: int, device) -> torch.Tensor:
+        # Drawn on the CPU (the same Q on every device), then moved: once per shape.
         g = torch.Generator().manual_seed(self.seed)
-        return torch.randn(m, self.rank, generator=g)
+        return torch.randn(m, self.rank, generator=g).to(device)
 
     def encode(self, x, ctx=None):
         n, m = matrix_dims(x.shape)
         key, pd = _key(x.shape), self.payload_dtype or x.dtype
         M = x.reshape(n, m).float()
         if self.error_feedback and key in self.errors:
-            M = M + self.errors[key]
+            M = M + self.errors[key].to(M.device)  # no-op unless state was loaded elsewhere
         if self.full_rank(x.shape):
             payload = [M.to(pd).contiguous()]
             sent = (payload[0].float(), None)
         else:
-            q_old = self.qs[key] if key in self.qs else self._initial_q(m)
+            q_old = self.qs[key].to(M.device) if key in self.qs else self._initial_q(m, M.device)
             Q = q_old
             for _ in range(self.power_iters):
                 P = orthogonalize_(M @ Q, self.eps)
                 Q = M.t() @ P
+            # a column that came out zero keeps its old value (a select: no host sync)
             dead = torch.linalg.vector_norm(Q, dim=0) == 0
-            if bool(dead.any()):
-                Q[:, dead] = q_old[:, dead]
+            Q = torch.where(dead, q_old, Q)
             self.qs[key] = Q
             payload = [P.to(pd), Q.to(pd)]
             sent = (payload[0].float(), payload[1].float())
@@ -157,7 +158,7 @@ class LowRankCodec(Codec):
         key = _key(x.shape)
         if not (self.error_feedback and self.flush_on_uncompressed and key in self.errors):
             return x
-        M = x.reshape(self.errors[key].shape).float() + self.errors[key]
+        M = x.reshape(self.errors[key].shape).float() + self.errors[key].to(x.device)
         sent = M.to(x.dtype)
         self.errors[key] = M - sent.float()     # zero unless the cast rounds
         return sent.reshape(x.shape)

@@ -38,6 +38,7 @@ import math
 import torch
 
 from .base import Codec, parse_dtype, register
+from .rng import DeviceGenerator
 
 GRANULARITIES = ("tensor", "channel", "bucket", "tile")
 
@@ -154,10 +155,8 @@ def store_scale(s: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
     stored scale never under-covers the data it was taken from."""
     s = s.clamp(max=torch.finfo(scale_dtype).max)
     q = s.to(scale_dtype)
-    low = q.float() < s
-    if bool(low.any()):
-        q = torch.where(low, torch.nextafter(q, torch.full_like(q, math.inf)), q)
-    return q
+    # Unconditional select: asking "any rounded down?" first would sync the host per message.
+    return torch.where(q.float() < s, torch.nextafter(q, torch.full_like(q, math.inf)), q)
 
 
 def _grid(bits: int) -> tuple[float, float]:
@@ -182,22 +181,34 @@ def quantize(x: torch.Tensor, bits: int, granularity: str = "channel", group_siz
     scales (num_scales,) in scale_dtype. A generator switches on stochastic rounding.
     """
     _check_bits(bits)
+    scales = store_scale(group_absmax(x, granularity, group_size), scale_dtype)
+    return quantize_with_scales(x, scales, bits, granularity, group_size, generator), scales
+
+
+def group_absmax(x: torch.Tensor, granularity: str, group_size: int = 128) -> torch.Tensor:
+    """max |x| of every group, fp32, flat (num_scales,)."""
     xg, red = _to_groups(x.float(), granularity, group_size)
     # max|x| = max(-min, max): no |x| temporary (and amin/amax beat aminmax on CPU)
-    scales = store_scale(torch.maximum(xg.amin(dim=red).neg_(), xg.amax(dim=red)), scale_dtype)
-    step = quant_step(scales, bits)
-    step = torch.where(step > 0, step, torch.ones_like(step)).unsqueeze(red)
+    return torch.maximum(xg.amin(dim=red).neg_(), xg.amax(dim=red)).reshape(-1)
+
+
+def quantize_with_scales(x: torch.Tensor, scales: torch.Tensor, bits: int, granularity: str,
+                         group_size: int = 128,
+                         generator: torch.Generator | None = None) -> torch.Tensor:
+    """uint8 codes of x (its shape) on the grid of the stored `scales`."""
+    xg, red = _to_groups(x.float(), granularity, group_size)
+    step = quant_step(scales, bits).view(_scale_view(xg, red))
+    step = torch.where(step > 0, step, torch.ones_like(step))
     c0, _ = _grid(bits)
     v = xg / step
     v += c0
     if generator is None:
         v.round_()
     else:
-        v += torch.rand(v.shape, generator=generator)
+        v += torch.rand(v.shape, generator=generator, device=generator.device)
         v.floor_()
     v.clamp_(0, 1 if bits == 1 else 2 * int(c0))
-    codes = _from_groups(v.to(torch.uint8), granularity, x.shape)
-    return codes, scales.reshape(-1)
+    return _from_groups(v.to(torch.uint8), granularity, x.shape)
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, bits: int, shape,
@@ -247,7 +258,7 @@ class FixpointCodec(Codec):
         self.scale_dtype = parse_dtype(scale_dtype)
         if self.scale_dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"scale_dtype must be float16 or bfloat16, got {scale_dtype!r}")
-        self.generator = torch.Generator().manual_seed(seed) if stochastic else None
+        self.rng = DeviceGenerator(seed) if stochastic else None
 
     def payload_spec(self, shape, dtype):
         numel = math.prod(shape)
@@ -256,24 +267,29 @@ class FixpointCodec(Codec):
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Unpacked (codes, scales) of x."""
-        return quantize(x, self.bits, self.granularity, self.group_size, self.scale_dtype,
-                        self.generator)
+        gen = None if self.rng is None else self.rng.get(x.device)
+        return quantize(x, self.bits, self.granularity, self.group_size, self.scale_dtype, gen)
 
     def dequantize(self, codes, scales, shape, dtype=torch.float32) -> torch.Tensor:
         return dequantize(codes, scales, self.bits, shape, self.granularity, self.group_size,
                           dtype)
 
     def encode(self, x, ctx=None):
+        if self.rng is None:  # deterministic rounding: fused kernels on CUDA (fused.py)
+            from . import fused
+            return list(fused.encode(x, self.bits, self.granularity, self.group_size,
+                                     self.scale_dtype))
         codes, scales = self.quantize(x)
         return [pack_bits(codes, self.bits), scales]
 
     def decode(self, payload, shape, dtype, ctx=None):
-        codes = unpack_bits(payload[0], self.bits, math.prod(shape))
-        return self.dequantize(codes, payload[1], tuple(shape), dtype)
+        from . import fused
+        return fused.decode(payload[0], payload[1], self.bits, tuple(shape), self.granularity,
+                            self.group_size, dtype)
 
     def state_dict(self):
-        return {} if self.generator is None else {"generator": self.generator.get_state()}
+        return {} if self.rng is None else self.rng.state_dict()
 
     def load_state_dict(self, sd):
-        if self.generator is not None and "generator" in sd:
-            self.generator.set_state(sd["generator"])
+        if self.rng is not None:
+            self.rng.load_state_dict(sd)

@@ -26,6 +26,7 @@ import torch
 
 from .base import Codec, parse_dtype, register
 from .quant import dequantize, pack_bits, packed_nbytes, quantize, unpack_bits
+from .rng import DeviceGenerator
 
 
 @register("cocktail")
@@ -56,7 +57,7 @@ class CocktailCodec(Codec):
         self.stride = max(1, round(1.0 / random_ratio))
         self.topk_ratio, self.bits, self.bucket_size, self.seed = topk_ratio, bits, bucket_size, seed
         self.scale_dtype = parse_dtype(scale_dtype)
-        self.generator = torch.Generator().manual_seed(seed) if stochastic else None
+        self.rng = DeviceGenerator(seed) if stochastic else None
 
     # ------------------------------------------------------------------------- layout
     def sizes(self, numel: int) -> tuple[int, int]:
@@ -65,10 +66,11 @@ class CocktailCodec(Codec):
         k = min(n_rand, max(1, math.floor(self.topk_ratio * n_rand + 0.5))) if n_rand else 0
         return n_rand, k
 
-    def random_indices(self, numel: int, step: int) -> torch.Tensor:
+    def random_indices(self, numel: int, step: int, device=None) -> torch.Tensor:
         """(n_rand,) int64 positions of the rolling subset at this step (may end past numel)."""
         offset = (self.seed + step) % self.stride
-        return offset + self.stride * torch.arange(self.sizes(numel)[0], dtype=torch.long)
+        return offset + self.stride * torch.arange(self.sizes(numel)[0], dtype=torch.long,
+                                                   device=device)
 
     def flat_spec(self, numel: int):
         n_rand, k = self.sizes(numel)
@@ -81,35 +83,43 @@ class CocktailCodec(Codec):
 
     # -------------------------------------------------------------------------- codec
     def compress(self, x: torch.Tensor, step: int) -> list[torch.Tensor]:
+        # Fixed-size gathers and selects only: boolean indexing would sync the host.
         flat = x.reshape(-1)
         numel = flat.numel()
         n_rand, k = self.sizes(numel)
-        idx = self.random_indices(numel, step)
+        idx = self.random_indices(numel, step, flat.device)
         valid = idx < numel
-        vals = torch.zeros(n_rand)
-        vals[valid] = flat[idx[valid]].float()
-        mag = vals.abs()
-        mag[~valid] = -1.0  # pads lose against every real entry
+        vals = torch.where(valid, flat[idx.clamp(max=max(numel - 1, 0))].float(), 0.0)
+        mag = torch.where(valid, vals.abs(), -1.0)  # pads lose against every real entry
         keep = mag.topk(k, sorted=False).indices.sort().values
-        mask = torch.zeros(n_rand, dtype=torch.uint8)
+        mask = torch.zeros(n_rand, dtype=torch.uint8, device=flat.device)
         mask[keep] = 1
+        gen = None if self.rng is None else self.rng.get(flat.device)
         codes, scales = quantize(vals[keep], self.bits, "bucket", self.bucket_size,
-                                 self.scale_dtype, self.generator)
+                                 self.scale_dtype, gen)
         return [pack_bits(mask, 1), pack_bits(codes, self.bits), scales]
 
     def decompress(self, payload: list[torch.Tensor], numel: int, step: int,
                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Dense values; a mask with other than k set bits is not detected here (checking it
+        would sync the host): `mask_ok` tells."""
         n_rand, k = self.sizes(numel)
-        mask = unpack_bits(payload[0], 1, n_rand).bool()
+        device = payload[0].device
+        mask = unpack_bits(payload[0], 1, n_rand)
         codes = unpack_bits(payload[1], self.bits, k)
         vals = dequantize(codes, payload[2], self.bits, (k,), "bucket", self.bucket_size)
-        idx = self.random_indices(numel, step)[mask]
-        if idx.numel() != k:
-            raise ValueError(f"cocktail mask has {idx.numel()} set bits, expected {k}")
-        real = idx < numel
-        out = torch.zeros(numel, dtype=torch.float32)
-        out[idx[real]] = vals[real]
-        return out.to(dtype)
+        # The k set positions in subset order: a stable sort puts the ones first.
+        chosen = torch.sort(mask, descending=True, stable=True).indices[:k]
+        idx = self.random_indices(numel, step, device)[chosen]
+        # Pads (positions >= numel) land in a tail that is cut off.
+        out = torch.zeros(numel + self.stride, dtype=torch.float32, device=device)
+        out[idx] = vals
+        return out[:numel].to(dtype)
+
+    def mask_ok(self, payload: list[torch.Tensor], numel: int) -> bool:
+        """True when the payload's mask selects exactly k entries (a host sync)."""
+        n_rand, k = self.sizes(numel)
+        return int(unpack_bits(payload[0], 1, n_rand).sum()) == k
 
     def encode(self, x, ctx):
         return self.compress(x, ctx.iteration)
@@ -118,8 +128,8 @@ class CocktailCodec(Codec):
         return self.decompress(payload, math.prod(shape), ctx.iteration, dtype).reshape(shape)
 
     def state_dict(self):
-        return {} if self.generator is None else {"generator": self.generator.get_state()}
+        return {} if self.rng is None else self.rng.state_dict()
 
     def load_state_dict(self, sd):
-        if self.generator is not None and "generator" in sd:
-            self.generator.set_state(sd["generator"])
+        if self.rng is not None:
+            self.rng.load_state_dict(sd)

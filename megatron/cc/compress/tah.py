@@ -54,7 +54,7 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
 
 def swap_pivot_(tiles: torch.Tensor, pivots: torch.Tensor) -> torch.Tensor:
     """Swap element `pivots[i]` with element 0 in row i of tiles (F, t), in place."""
-    rows = torch.arange(tiles.shape[0])
+    rows = torch.arange(tiles.shape[0], device=tiles.device)
     at_pivot = tiles[rows, pivots].clone()
     tiles[rows, pivots] = tiles[:, 0].clone()
     tiles[:, 0] = at_pivot
@@ -63,20 +63,27 @@ def swap_pivot_(tiles: torch.Tensor, pivots: torch.Tensor) -> torch.Tensor:
 
 def entropy_allocation(x2d: torch.Tensor, high_ratio: float) -> torch.Tensor:
     """(T,) bool: True for the round(high_ratio * T) tokens of highest |x| entropy."""
-    return _allocate(x2d.abs().float(), high_ratio)
+    return _allocate(x2d.abs().float(), high_ratio)[0]
 
 
-def _allocate(a: torch.Tensor, high_ratio: float) -> torch.Tensor:
-    """entropy_allocation from |x| (T, C); zero padding of C does not change the result."""
+def _allocate(a: torch.Tensor, high_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high mask, token order) from |x| (T, C): order lists the K high tokens first, then the
+    others, each in index order (fixed sizes: no host sync to split them). Zero padding of C
+    does not change the result."""
     s = a.sum(dim=-1)
     # H = -sum (a/s) log(a/s) = log s - sum(a log a) / s; 0 log 0 = 0; an all-zero token has H = 0
     a_log_a = torch.linalg.vecdot(a, a.clamp_min(torch.finfo(torch.float32).tiny).log_())
     entropy = torch.where(s > 0, s.log() - a_log_a / s, torch.zeros_like(s))
     k = int(math.floor(high_ratio * a.shape[0] + 0.5))
     order = torch.sort(entropy, descending=True, stable=True).indices
-    high = torch.zeros(a.shape[0], dtype=torch.bool)
+    high = torch.zeros(a.shape[0], dtype=torch.bool, device=a.device)
     high[order[:k]] = True
-    return high
+    return high, _split_order(high)
+
+
+def _split_order(high: torch.Tensor) -> torch.Tensor:
+    """Indices of the True entries in index order, then of the False ones (a stable sort)."""
+    return torch.sort(high.to(torch.uint8), descending=True, stable=True).indices
 
 
 class TahParts(NamedTuple):
@@ -143,7 +150,7 @@ class TahCodec(Codec):
     # ------------------------------------------------------------------------- encode
     def _tiles(self, x: torch.Tensor) -> torch.Tensor:
         T, c, cp, nt, _ = self._dims(x.shape)
-        X = torch.zeros(T, cp)  # always a fresh fp32 copy: the input is never modified
+        X = torch.zeros(T, cp, device=x.device)  # a fresh fp32 copy: the input is never modified
         X[:, :c] = x.reshape(T, c)
         return X.view(T, nt, self.t)
 
@@ -154,26 +161,24 @@ class TahCodec(Codec):
         # max >= factor * second max  <=>  only the max itself exceeds max / factor (factor > 1)
         above = (a > (first / self.outlier_factor)[..., None]).sum(dim=-1)
         flags = (above == 1) & (first > 0)
-        pivots = torch.zeros(flags.shape, dtype=torch.long)
-        if bool(flags.any()):
-            pivots[flags] = a[flags].argmax(dim=-1)
+        pivots = torch.where(flags, a.argmax(dim=-1), 0)
         return flags, pivots
 
     def analyze(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The encoder's decisions for x: (high (T,), flags (T, nt), pivots (T, nt))."""
-        return self._decide(self._tiles(x))
+        high, _, flags, pivots = self._decide(self._tiles(x))
+        return high, flags, pivots
 
     def _decide(self, tiles: torch.Tensor):
+        """(high, token order, flags, pivots)."""
         a = tiles.abs()
-        return (_allocate(a.view(tiles.shape[0], -1), self.high_ratio), *self.outliers(tiles, a))
+        return (*_allocate(a.view(tiles.shape[0], -1), self.high_ratio), *self.outliers(tiles, a))
 
     def encode(self, x, ctx=None):
         T, c, cp, nt, k = self._dims(x.shape)
         tiles = self._tiles(x)  # (T, nt, t) fp32, our own copy: transformed in place below
-        high, flags, pivots = self._decide(tiles)
-        if bool(flags.any()):
-            ft = swap_pivot_(tiles[flags], pivots[flags])
-            tiles[flags] = fwht(ft)
+        high, order, flags, pivots = self._decide(tiles)
+        tiles = _transform_flagged(tiles, flags, pivots)
         lo, hi = tiles.amin(dim=-1), tiles.amax(dim=-1)
         zeros = _round_down16(lo)
         levels = torch.where(high, 2.0 ** self.high_bits - 1, 2.0 ** self.low_bits - 1)[:, None]
@@ -185,12 +190,16 @@ class TahCodec(Codec):
         codes = v.to(torch.uint8).view(T, cp)
         parts = [scales.reshape(-1).view(torch.uint8), zeros.reshape(-1).view(torch.uint8),
                  pack_bits(high, 1), pack_bits(flags, 1), pack_bits(pivots, self.pivot_bits),
-                 pack_bits(codes[high], self.high_bits), pack_bits(codes[~high], self.low_bits)]
+                 pack_bits(codes[order[:k]], self.high_bits),
+                 pack_bits(codes[order[k:]], self.low_bits)]
         return [torch.cat(parts)]
 
     # ------------------------------------------------------------------------- decode
-    def parse(self, payload: list[torch.Tensor], shape) -> TahParts:
-        """Unpack a payload into its parts (the inverse of encode's packing)."""
+    def parse(self, payload: list[torch.Tensor], shape, check: bool = True) -> TahParts:
+        """Unpack a payload into its parts (the inverse of encode's packing).
+
+        check: verify the token map marks exactly K high tokens (a host sync; decode skips it).
+        """
         T, _, cp, nt, k = self._dims(shape)
         stream = payload[0].reshape(-1)
         if stream.numel() != self.nbytes(shape):
@@ -199,22 +208,23 @@ class TahCodec(Codec):
         sec = iter(torch.split(stream, self._sections(shape)))
         sz = next(sec).contiguous().view(torch.float16).view(2, T, nt)
         high = unpack_bits(next(sec), 1, T).bool()
-        if int(high.sum()) != k:
+        if check and int(high.sum()) != k:
             raise ValueError(f"tah payload marks {int(high.sum())} high tokens, expected {k}")
         flags = unpack_bits(next(sec), 1, T * nt).bool().view(T, nt)
         pivots = unpack_bits(next(sec), self.pivot_bits, T * nt).long().view(T, nt)
-        codes = torch.empty(T, cp, dtype=torch.uint8)
-        codes[high] = unpack_bits(next(sec), self.high_bits, k * cp).view(k, cp)
-        codes[~high] = unpack_bits(next(sec), self.low_bits, (T - k) * cp).view(T - k, cp)
+        order = _split_order(high)
+        codes = torch.empty(T, cp, dtype=torch.uint8, device=stream.device)
+        codes[order[:k]] = unpack_bits(next(sec), self.high_bits, k * cp).view(k, cp)
+        codes[order[k:]] = unpack_bits(next(sec), self.low_bits, (T - k) * cp).view(T - k, cp)
         return TahParts(high, flags, pivots, sz[0], sz[1], codes)
 
     def decode(self, payload, shape, dtype, ctx=None):
         T, c, cp, nt, _ = self._dims(shape)
-        p = self.parse(payload, shape)
+        p = self.parse(payload, shape, check=False)
         tiles = p.codes.view(T, nt, self.t).float() * p.scales.float()[..., None]
         tiles += p.zeros.float()[..., None]
-        if bool(p.flags.any()):
-            tiles[p.flags] = swap_pivot_(fwht(tiles[p.flags]), p.pivots[p.flags])
+        inverse = swap_pivot_(fwht(tiles).view(-1, self.t), p.pivots.reshape(-1))
+        tiles = torch.where(p.flags[..., None], inverse.view(tiles.shape), tiles)
         return tiles.view(T, cp)[:, :c].reshape(shape).to(dtype)
 
 
@@ -223,6 +233,13 @@ def _round_down16(v: torch.Tensor) -> torch.Tensor:
     fmax = torch.finfo(torch.float16).max
     q = v.clamp(-fmax, fmax).to(torch.float16)
     high = (q.float() > v) & (q > -fmax)  # below -fmax: saturate (clip) rather than -inf
-    if bool(high.any()):
-        q = torch.where(high, torch.nextafter(q, torch.full_like(q, -math.inf)), q)
-    return q
+    return torch.where(high, torch.nextafter(q, torch.full_like(q, -math.inf)), q)
+
+
+def _transform_flagged(tiles: torch.Tensor, flags: torch.Tensor, pivots: torch.Tensor):
+    """Pivot swap + Hadamard on the flagged tiles of (T, nt, t). Every tile is transformed and
+    a select keeps the flagged ones: gathering only those would need their count on the host.
+    Row by row the arithmetic is the same, so the result equals the gathered version."""
+    t = tiles.shape[-1]
+    moved = fwht(swap_pivot_(tiles.reshape(-1, t).clone(), pivots.reshape(-1)))
+    return torch.where(flags[..., None], moved.view(tiles.shape), tiles)

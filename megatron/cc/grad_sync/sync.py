@@ -83,22 +83,26 @@ class ExactDataParallelSync:
 
     exclude_embedding: leave the tied embedding gradient out (it is synchronised by the fused
     emb channel instead, see fused_embedding.py).
+    use_group: reduce over `group` even when DDP could do it on its own group (a channel with
+    its own transport, --dp-backend).
     """
 
-    def __init__(self, group, stats: ChannelStats, exclude_embedding: bool = False):
+    def __init__(self, group, stats: ChannelStats, exclude_embedding: bool = False,
+                 use_group: bool = False):
         self.group = group
         self.stats = stats
         self.world = dist.get_world_size(group)
         self.exclude_embedding = exclude_embedding
+        self.use_group = use_group
 
     def __call__(self, model, iteration: int) -> None:
         weight = shared_embedding_weight(model) if self.exclude_embedding else None
-        if weight is None:
+        if weight is None and not self.use_group:
             model.finish_grad_sync()  # megatron DDP: start + wait for every bucket's all-reduce
             n = sum(b.grad_data.numel() * b.grad_data.element_size() for b in model.buffers)
         else:
             check_ddp_supported(model)
-            n = allreduce_buckets(model, self.group, exclude=(weight,))
+            n = allreduce_buckets(model, self.group, exclude=() if weight is None else (weight,))
         if self.world > 1:
             self.stats.add("dp", n, n)
 

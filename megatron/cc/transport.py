@@ -1,0 +1,67 @@
+"""Point-to-point transfers on a channel's own process group, on NCCL or gloo.
+
+gloo's send/recv move host memory only (given a CUDA tensor it crashes with `writev ... Bad
+address`), so on a gloo group CUDA tensors are staged through pinned host buffers: sends are
+copied down asynchronously and the stream is synchronised once before gloo reads them (gloo
+is a host library: that wait is the transport's, not the codec's), receives land in pinned
+buffers and are copied up asynchronously. NCCL groups and CPU tensors go through untouched.
+With gloo on every group several ranks can share one GPU, which NCCL refuses.
+"""
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+Transfer = Tuple[torch.Tensor, int]   # (tensor, peer's global rank)
+
+
+class P2PTransport:
+    """batch_isend_irecv over `group` (None = the default group), staging when it is gloo."""
+
+    def __init__(self, group=None):
+        self.group = group
+        self.gloo = dist.get_backend(group) == "gloo"
+
+    def _staged(self, t: torch.Tensor) -> bool:
+        return self.gloo and t.is_cuda
+
+    def exchange(self, sends: Sequence[Transfer], recvs: Sequence[Transfer]) -> None:
+        """Post every send and receive together, then wait for all (no 1F1B deadlock)."""
+        host_sends = [(self._to_host(t), p) if self._staged(t) else (t, p) for t, p in sends]
+        host_recvs = [(_pinned_like(t), p) if self._staged(t) else (t, p) for t, p in recvs]
+        if any(self._staged(t) for t, _ in sends):
+            torch.cuda.current_stream().synchronize()  # the pinned copies must be complete
+        ops = [dist.P2POp(dist.isend, t, p, group=self.group) for t, p in host_sends]
+        ops += [dist.P2POp(dist.irecv, t, p, group=self.group) for t, p in host_recvs]
+        if ops:
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+        for (dst, _), (src, _) in zip(recvs, host_recvs):
+            if src is not dst:
+                dst.copy_(src, non_blocking=True)
+
+    @staticmethod
+    def _to_host(t: torch.Tensor) -> torch.Tensor:
+        host = _pinned_like(t)
+        host.copy_(t, non_blocking=True)
+        return host
+
+
+def _pinned_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+
+
+def group_with_backend(ranks_of_mine: List[int], backend: Optional[str]):
+    """A group over the same ranks as one of megatron-core's groups, on `backend`.
+
+    Collective over the default group (every rank calls it, in the same order): ranks
+    exchange their group's members and every distinct group is created on every rank.
+    """
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, sorted(ranks_of_mine))
+    mine = None
+    for ranks in sorted({tuple(r) for r in everyone}):
+        group = dist.new_group(list(ranks), backend=backend)
+        if list(ranks) == sorted(ranks_of_mine):
+            mine = group
+    return mine

@@ -1,0 +1,97 @@
+"""GPU flags: attention implementation, loss scaling, megatron-core DDP options, transports.
+
+Megatron-LM spellings throughout. Validation has no side effects and names the flag.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+from megatron.training.config_flags import ConfigError, flag
+
+BACKENDS = ["nccl", "gloo"]
+
+
+@dataclass
+class GpuArgs:
+    transformer_impl: Optional[str] = flag(
+        None, "Attention/layer implementation: local (unfused, megatron-core), sdpa (torch "
+              "scaled_dot_product_attention: flash kernels), transformer_engine (if installed; "
+              "its parameter names are not mapped by tools/checkpoint). Default: sdpa on GPUs, "
+              "local on CPU.",
+        choices=["local", "sdpa", "transformer_engine"])
+    loss_scale: Optional[float] = flag(
+        None, "--fp16: a constant loss scale (a power of two); default dynamic scaling.")
+    initial_loss_scale: float = flag(2.0 ** 32, "--fp16: initial dynamic loss scale.")
+    min_loss_scale: float = flag(1.0, "--fp16: floor of the dynamic loss scale.")
+    loss_scale_window: int = flag(
+        1000, "--fp16: iterations without overflow before the dynamic scale doubles.")
+    hysteresis: int = flag(2, "--fp16: overflows tolerated before the dynamic scale halves.")
+    use_distributed_optimizer: bool = flag(
+        False, "Shard the optimizer state over data-parallel ranks (megatron-core's "
+               "distributed optimizer; exact dp mode only).")
+    overlap_param_gather: bool = flag(
+        False, "With --use-distributed-optimizer: overlap the parameter all-gather with the "
+               "next forward.")
+    # shared with issue 11 ------------------------------------------------------------
+    overlap_grad_reduce: bool = flag(
+        False, "Exact dp mode: megatron-core DDP all-reduces (or reduce-scatters) gradient "
+               "buckets while backward runs.")
+    # end shared with issue 11 --------------------------------------------------------
+    # shared with issue 15 ------------------------------------------------------------
+    dp_backend: Optional[str] = flag(
+        None, "Transport of the data-parallel channel: nccl or gloo (e.g. a WAN link); "
+              "default the --distributed-backend.", choices=BACKENDS)
+    # end shared with issue 15 --------------------------------------------------------
+    pp_backend: Optional[str] = flag(
+        None, "Transport of the pipeline channels: nccl or gloo (CUDA tensors are staged "
+              "through pinned host buffers); default the --distributed-backend.",
+        choices=BACKENDS)
+
+    def validate(self, fp16: bool) -> None:
+        scaling = {"loss_scale": None, "initial_loss_scale": 2.0 ** 32, "min_loss_scale": 1.0,
+                   "loss_scale_window": 1000, "hysteresis": 2}
+        for name, default in scaling.items():
+            if not fp16 and getattr(self, name) != default:
+                raise ConfigError(f"--{name.replace('_', '-')} sets fp16 loss scaling; add "
+                                  f"--fp16 (bf16 and fp32 need no loss scale)")
+        if self.loss_scale is not None and self.loss_scale <= 0:
+            raise ConfigError(f"--loss-scale must be > 0, got {self.loss_scale}")
+        if self.min_loss_scale <= 0 or self.initial_loss_scale < self.min_loss_scale:
+            raise ConfigError(f"need 0 < --min-loss-scale ({self.min_loss_scale}) <= "
+                              f"--initial-loss-scale ({self.initial_loss_scale})")
+        if self.loss_scale_window < 1 or self.hysteresis < 1:
+            raise ConfigError("--loss-scale-window and --hysteresis must be >= 1")
+        if self.overlap_param_gather and not self.use_distributed_optimizer:
+            raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+        for name in ("dp_backend", "pp_backend"):
+            if getattr(self, name) == "nccl" and not _cuda():
+                raise ConfigError(f"--{name.replace('_', '-')} nccl needs CUDA GPUs; use gloo "
+                                  f"on CPU")
+        if self.transformer_impl == "transformer_engine":
+            from megatron.training.attention import have_transformer_engine
+            if not have_transformer_engine():
+                raise ConfigError("--transformer-impl transformer_engine: the transformer_engine "
+                                  "package is not installed; use sdpa or local")
+
+
+def _cuda() -> bool:
+    import torch  # only when asked: argument errors must stay fast to report
+    return torch.cuda.is_available()
+
+
+def validate_gpu_args(args) -> None:
+    """Cross-group rules: the options megatron-core's DDP handles itself need the exact dp mode
+    (our compressed / fused gradient channels replace its all-reduce)."""
+    g, c = args.gpu, args.compression
+    g.validate(args.model.fp16)
+    ddp_owned = g.use_distributed_optimizer or g.overlap_grad_reduce
+    if ddp_owned and (c.grad_comp or (c.emb_comm_opt and args.pp > 1)):
+        raise ConfigError("--use-distributed-optimizer / --overlap-grad-reduce run megatron-core's "
+                          "own gradient sync: drop --grad-comp and --emb-comm-opt, or these flags")
+    if ddp_owned and g.dp_backend is not None:
+        raise ConfigError("--dp-backend gives the dp channel its own group, which megatron-core's "
+                          "own gradient sync (--use-distributed-optimizer / --overlap-grad-reduce) "
+                          "does not use; drop one")
+    if g.use_distributed_optimizer and args.dp > 1 and args.checkpoint.save:
+        raise ConfigError("--use-distributed-optimizer shards Adam's state over data-parallel "
+                          "ranks, which checkpoints (saved by name from dp rank 0) do not "
+                          "gather yet; drop --save or the flag")
