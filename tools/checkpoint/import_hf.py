@@ -131,16 +131,36 @@ def full_from_hf(hf_dir_or_model, tp: int = 1, pp: int = 1, make_vocab_size_divi
         from megatron.training.tokenizer import build_tokenizer
         n = build_tokenizer(tok["tokenizer_type"], tok.get("vocab_file"), tok.get("merge_file"),
                             tok.get("tokenizer_model")).vocab_size
-        if n != vocab:
+        if n > vocab:
             raise ConversionError(
                 f"config.json has vocab_size {vocab} but the tokenizer has {n} tokens; our "
                 f"driver sizes the embedding from the tokenizer, so the checkpoint would not "
                 f"load. Pass the matching tokenizer (--vocab-file/--merge-file or "
                 f"--tokenizer-model)")
+        if n < vocab:  # OPT, GPT-J, GPT-NeoX, Qwen2 round their embeddings up past the tokenizer
+            hf_sd = _cut_vocab_rows(hf_sd, vocab, n)
+            vocab = n
     rows = padded_vocab_size(vocab, make_vocab_size_divisible_by, tp)
     params = for_config(config).from_hf(hf_sd, config, rows)
     return FullCheckpoint(params=params, args=args, padded_vocab_size=rows, vocab_size=vocab,
                           optimizer=None)
+
+
+_VOCAB_TENSORS = ("embed_tokens.", "wte.", "embed_in.", "lm_head.", "embed_out.")
+
+
+def _cut_vocab_rows(hf_sd: dict, config_vocab: int, tokenizer_vocab: int) -> dict:
+    """Drop the embedding/lm_head rows of ids the tokenizer never produces.
+
+    Our driver sizes the embedding from the tokenizer (padded to Megatron's multiple) and
+    masks the padding logits in the loss; Hugging Face keeps these rows in its softmax, so
+    with them cut our loss differs from HF's by their (small, untrained) probability mass.
+    """
+    print(f"note: config.json has vocab_size {config_vocab}, the tokenizer {tokenizer_vocab} "
+          f"tokens; the {config_vocab - tokenizer_vocab} rows past the tokenizer are dropped "
+          f"(an export writes vocab_size {tokenizer_vocab})", file=sys.stderr)
+    return {k: (v[:tokenizer_vocab] if any(p in k for p in _VOCAB_TENSORS)
+                and v.shape[0] == config_vocab else v) for k, v in hf_sd.items()}
 
 
 def import_hf(hf_dir_or_model, tp: int = 1, pp: int = 1, make_vocab_size_divisible_by=128,

@@ -41,12 +41,12 @@ def _check_refused_features(config) -> None:
 
 
 def for_config(config) -> Family:
+    _check_refused_features(config)  # first: "ALiBi" says more than "model_type falcon"
     model_type = getattr(config, "model_type", None)
     family = FAMILIES.get(model_type)
     if family is None:
         raise ConversionError(f"config.json model_type '{model_type}' is not supported; "
                               f"importable: {', '.join(sorted(FAMILIES))}")
-    _check_refused_features(config)
     return family
 
 
