@@ -10,8 +10,9 @@ config with every tensor perturbed:
   - at pp=2 the first iteration runs uncompressed, then delta-4 forward + fixpoint-8 backward
     fine-tune and the loss falls (TAH forward too for Qwen2);
   - export_hf.py from (2,2) gives back every Hugging Face tensor exactly;
-  - Llama and Qwen2 use sentencepiece-style tokenizers built here with `tokenizers` (BPE and
-    Unigram), read by HuggingFaceTokenizer and tokenized by preprocess_data.py; the others use
+  - Llama and Qwen2 use Hugging Face tokenizer directories built here with `tokenizers`
+    (sentencepiece-style BPE; byte-level BPE), read by HuggingFaceTokenizer, their data
+    tokenized by preprocess_data.py; a sentencepiece Unigram directory too; the others use
     a GPT-2 BPE;
   - unsupported config fields are refused by name, and a Llama checkpoint loaded with GPT-NeoX
     flags is refused naming the tensor.
@@ -37,11 +38,20 @@ LOGIT_TOL, LOSS_RTOL = 1e-4, 1e-5
 
 # --------------------------------------------------------------------------- tokenizers
 
-def write_sentencepiece_tokenizer(directory, texts, vocab_size, kind):
-    """A Llama-style tokenizer (metaspace pieces, <s> prepended, </s> = eos) trained here."""
-    from tokenizers import SentencePieceBPETokenizer, SentencePieceUnigramTokenizer
+def write_hf_tokenizer(directory, texts, vocab_size, kind):
+    """A tokenizer directory trained here: sentencepiece-style "bpe" or "unigram" (metaspace
+    pieces, <s> prepended, </s> = eos, as Llama's) or byte-level BPE (Qwen2's kind)."""
+    from tokenizers import ByteLevelBPETokenizer, SentencePieceBPETokenizer, \
+        SentencePieceUnigramTokenizer
     from tokenizers.processors import TemplateProcessing
     from transformers import PreTrainedTokenizerFast
+    if kind == "bytelevel":
+        tok = ByteLevelBPETokenizer()
+        tok.train_from_iterator(texts, vocab_size=vocab_size, show_progress=False,
+                                special_tokens=["<|endoftext|>"])
+        PreTrainedTokenizerFast(tokenizer_object=tok._tokenizer, eos_token="<|endoftext|>"
+                                ).save_pretrained(directory)
+        return
     special = ["<unk>", "<s>", "</s>"]
     if kind == "bpe":
         tok = SentencePieceBPETokenizer()
@@ -105,9 +115,9 @@ def zoo(tiny_corpus, tmp_path_factory):
     out = {}
     for i, family in enumerate(FAMILIES):
         hf_dir = str(root / family)
-        if family in ("llama", "qwen2"):   # sentencepiece-style, saved with the model
-            write_sentencepiece_tokenizer(hf_dir, [t[:3000] for t in texts[:40]], 512,
-                                          "bpe" if family == "llama" else "unigram")
+        if family in ("llama", "qwen2"):   # HF tokenizer directories, saved with the model
+            write_hf_tokenizer(hf_dir, [t[:3000] for t in texts[:40]], 512,
+                               "bpe" if family == "llama" else "bytelevel")
             # AutoTokenizer reads config.json's model_type too (Qwen2's class adds its
             # <|endoftext|>): measure the vocabulary as the importer will see it.
             _hf_config(family, 512, 2).save_pretrained(hf_dir)
@@ -273,19 +283,24 @@ def test_import_matches_hugging_face_at_every_layout(family, zoo, trained):
             assert not full[k][vocab:].any() if is_vocab_parallel(k) else True
         r = trained[(family, tp, pp)]
         ours, theirs = r["losses"][0], r["hf_loss"]
+        print(f"{family} ({tp},{pp}): first loss {ours:.7f} HF {theirs:.7f} "
+              f"rel {abs(ours - theirs) / theirs:.1e}")
         assert abs(ours - theirs) <= LOSS_RTOL * theirs, (family, tp, pp, ours, theirs)
+    print(f"{family} (1,1): max |logit - HF| {trained[(family, 1, 1)]['logit_error']:.2e}")
     assert trained[(family, 1, 1)]["logit_error"] <= LOGIT_TOL
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_finetune_at_pp2_with_delta_and_fixpoint_loss_falls(family, trained):
     losses = trained[(family, 1, 2)]["losses"]
+    print(f"{family} pp=2 delta-4/fixpoint-8 losses: {[round(x, 4) for x in losses]}")
     assert len(losses) == FINETUNE_ITERS
     assert losses[-1] < losses[0] - 0.05, losses
 
 
 def test_tah_at_pp2_on_qwen2(trained):
     r = trained[("qwen2", "tah")]
+    print(f"qwen2 pp=2 tah/fixpoint-8 losses: {[round(x, 4) for x in r['losses']]}")
     assert abs(r["losses"][0] - r["hf_loss"]) <= LOSS_RTOL * r["hf_loss"]
     assert r["losses"][-1] < r["losses"][0] - 0.05, r["losses"]
 
@@ -309,19 +324,44 @@ def test_export_gives_back_every_tensor(family, zoo, tmp_path):
     assert json.load(open(os.path.join(out, "config.json")))["model_type"] == family
 
 
-def test_sentencepiece_tokenizers_through_preprocess_data(zoo, tiny_corpus):
+def _first_doc(tiny_corpus):
+    return json.loads(open(tiny_corpus["jsonl"]).readline())["text"]
+
+
+def test_hf_tokenizer_directories_through_preprocess_data(zoo, tiny_corpus):
+    """Llama's sentencepiece-style BPE and Qwen2's byte-level BPE, as the families used them."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
-    first = json.loads(open(tiny_corpus["jsonl"]).readline())["text"]
+    text = "def forward(self, x):\n    return x"
     for family in ("llama", "qwen2"):
         z = zoo[family]
         tok = z["tokenizer"]
-        assert tok.vocab_size == z["vocab"] and tok.detokenize([tok.eod]) == "</s>"
-        ids = tok.tokenize("def forward(self, x):\n    return x")
-        assert ids[0] == tok.vocab["<s>"]   # BOS by default, as Llama's tokenizer
-        assert tok.detokenize(ids[1:]) == "def forward(self, x):\n    return x"
+        assert tok.vocab_size == z["vocab"]
+        ids = tok.tokenize(text)
+        if family == "llama":
+            assert ids[0] == tok.vocab["<s>"] and tok.detokenize([tok.eod]) == "</s>"
+            ids = ids[1:]   # BOS by default, as Llama's tokenizer
+        assert tok.detokenize(ids) == text
         ds = IndexedDataset(z["data"])   # keep it alive: items are views of its mmap
-        doc = ds[0].tolist()
-        assert doc == tok.tokenize(first) + [tok.eod]   # what preprocess_data.py wrote
+        assert ds[0].tolist() == tok.tokenize(_first_doc(tiny_corpus)) + [tok.eod]
+
+
+def test_sentencepiece_unigram_directory(tiny_corpus, tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.training.tokenizer import build_tokenizer
+    from tools import preprocess_data
+    texts = [json.loads(line)["text"][:3000] for line in open(tiny_corpus["jsonl"])][:40]
+    write_hf_tokenizer(str(tmp_path / "tok"), texts, 400, "unigram")
+    tok = build_tokenizer("HuggingFaceTokenizer", tokenizer_model=str(tmp_path / "tok"))
+    ids = tok.tokenize("def forward(self, x): return x")
+    assert ids[0] == tok.vocab["<s>"] and tok.detokenize(ids[1:]) == "def forward(self, x): " \
+        "return x"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert preprocess_data.main(["--input", tiny_corpus["jsonl"], "--output-prefix",
+                                     str(tmp_path / "d"), "--tokenizer-type",
+                                     "HuggingFaceTokenizer", "--tokenizer-model",
+                                     str(tmp_path / "tok"), "--append-eod"]) == 0
+    ds = IndexedDataset(str(tmp_path / "d_text_document"))
+    assert ds[0].tolist() == tok.tokenize(_first_doc(tiny_corpus)) + [tok.eod]
 
 
 def test_family_mismatch_is_refused_naming_the_tensor(trained):
