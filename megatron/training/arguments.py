@@ -60,13 +60,46 @@ class ModelArgs:
         128, "Pad the vocabulary to a multiple of this times TP (Megatron's rule).")
     openai_gelu: bool = flag(False, "tanh-approximated GeLU, as OpenAI's GPT-2 (HF 'gelu_new').")
     init_method_std: float = flag(0.02, "Std of the normal weight initialisation.")
-    layernorm_epsilon: float = flag(1e-5, "LayerNorm epsilon.")
+    layernorm_epsilon: float = flag(1e-5, "LayerNorm / RMSNorm epsilon.",
+                                    aliases=["--norm-epsilon"])
     bf16: bool = flag(False, "bfloat16 mixed precision (GPU).")
     fp16: bool = flag(False, "float16 mixed precision with loss scaling (GPU).")
+    # --- architecture of the seeds' model families (megatron/training/architecture.py)
+    position_embedding_type: str = flag(
+        "learned_absolute", "Position embedding: learned table (GPT-2, OPT) or rotary (Llama, "
+        "Qwen, GPT-NeoX, GPT-J).", choices=["learned_absolute", "rope"])
+    rotary_percent: float = flag(1.0, "Share of each head's channels that rotary embeddings "
+                                      "rotate (GPT-NeoX rotary_pct).")
+    rotary_base: float = flag(10000.0, "Rotary base (Hugging Face rope_theta).")
+    rotary_interleaved: bool = flag(False, "Rotate interleaved channel pairs (GPT-J) instead of "
+                                           "the two halves (Llama, GPT-NeoX).")
+    normalization: str = flag("LayerNorm", "Normalisation layers.",
+                              choices=["LayerNorm", "RMSNorm"])
+    swiglu: bool = flag(False, "SwiGLU MLP: linear_fc1 holds [gate; up], silu(gate) * up "
+                               "(Llama, Qwen). Default --ffn-hidden-size becomes Megatron-LM's "
+                               "int(8h/3 / 64) * 64.")
+    relu: bool = flag(False, "ReLU MLP (OPT).")
+    group_query_attention: bool = flag(False, "Grouped-query attention (needs "
+                                              "--num-query-groups).")
+    num_query_groups: Optional[int] = flag(None, "Key/value heads with "
+                                                 "--group-query-attention.")
+    disable_bias_linear: bool = flag(False, "No biases in any linear layer (Llama).")
+    add_qkv_bias: bool = flag(False, "Keep the query/key/value bias with "
+                                     "--disable-bias-linear (Qwen2).")
+    disable_bias_attention: bool = flag(False, "No bias in the attention's linear_qkv and "
+                                               "linear_proj, MLP biases kept (GPT-J).")
+    parallel_residual: bool = flag(False, "Attention and MLP both read the layer input and "
+                                          "their outputs are summed (GPT-NeoX "
+                                          "use_parallel_residual, GPT-J).")
+    parallel_residual_shared_norm: bool = flag(False, "With --parallel-residual, one norm "
+                                                      "feeds attention and MLP (GPT-J).")
+    output_layer_bias: bool = flag(False, "A bias on the untied output layer (GPT-J lm_head).")
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
-            self.ffn_hidden_size = 4 * self.hidden_size
+            # Megatron-LM's SwiGLU default keeps the parameter count of a 4h GeLU MLP.
+            self.ffn_hidden_size = (int(4 * self.hidden_size * 2 / 3 / 64) * 64 if self.swiglu
+                                    else 4 * self.hidden_size)
         if self.max_position_embeddings is None:
             self.max_position_embeddings = self.seq_length
 
@@ -92,6 +125,32 @@ class ModelArgs:
         for name in ("attention_dropout", "hidden_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1)")
+        self.validate_architecture(tp)
+
+    def validate_architecture(self, tp: int) -> None:
+        if sum((self.swiglu, self.relu, self.openai_gelu)) > 1:
+            raise ConfigError("--swiglu, --relu and --openai-gelu pick the MLP activation; "
+                              "give one")
+        if self.group_query_attention != (self.num_query_groups is not None):
+            raise ConfigError("--group-query-attention and --num-query-groups go together "
+                              "(give both, or neither for one key/value head per query head)")
+        groups = self.num_query_groups
+        if groups is not None and (groups < 1 or self.num_attention_heads % groups
+                                   or groups % tp):
+            raise ConfigError(f"--num-query-groups ({groups}) must divide "
+                              f"--num-attention-heads ({self.num_attention_heads}) and be "
+                              f"divisible by --tensor-model-parallel-size ({tp})")
+        head_dim = self.hidden_size // self.num_attention_heads
+        if not 0.0 < self.rotary_percent <= 1.0 or int(head_dim * self.rotary_percent) % 2:
+            raise ConfigError(f"--rotary-percent ({self.rotary_percent}) must be in (0, 1] and "
+                              f"rotate an even number of the {head_dim} channels per head")
+        if self.add_qkv_bias and self.disable_bias_attention:
+            raise ConfigError("--add-qkv-bias contradicts --disable-bias-attention")
+        if self.parallel_residual_shared_norm and not self.parallel_residual:
+            raise ConfigError("--parallel-residual-shared-norm needs --parallel-residual")
+        if self.output_layer_bias and not self.untie_embeddings_and_output_weights:
+            raise ConfigError("--output-layer-bias needs --untie-embeddings-and-output-weights "
+                              "(a tied output layer is the embedding, which has no bias)")
 
     def padded_vocab_size(self, vocab_size: int, tp: int) -> int:
         multiple = self.make_vocab_size_divisible_by * tp

@@ -61,15 +61,20 @@ def default_impl() -> str:
     return "sdpa" if torch.cuda.is_available() else "local"
 
 
-def layer_spec(impl: str):
-    """The GPT layer spec for one implementation."""
+def layer_spec(impl: str, base=None):
+    """The GPT layer spec for one implementation; `base`: a local spec adapted to the model's
+    architecture flags (megatron.training.architecture), which sdpa keeps."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
     if impl == "transformer_engine":
+        if base is not None and base.module is not specs.get_gpt_layer_local_spec().module:
+            raise ValueError("--transformer-impl transformer_engine: parallel attention+MLP "
+                             "residual (GPT-NeoX/GPT-J) is not supported there; use sdpa")
         if not have_transformer_engine():
             raise ValueError("--transformer-impl transformer_engine: the transformer_engine "
                              "package is not installed; use sdpa or local")
         return specs.get_gpt_layer_with_transformer_engine_spec()
-    spec = copy.deepcopy(specs.get_gpt_layer_local_spec())  # never edit a shared spec
+    # never edit a shared spec
+    spec = copy.deepcopy(base if base is not None else specs.get_gpt_layer_local_spec())
     if impl == "sdpa":
         spec.submodules.self_attention.submodules.core_attention = SDPAttention
     elif impl != "local":

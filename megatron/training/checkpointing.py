@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
+from megatron.training.checkpoint_match import check_state_matches
 from megatron.training.model import global_param_names, unwrap
 
 LATEST = "latest_checkpointed_iteration.txt"
@@ -237,7 +238,10 @@ class CheckpointManager:
             raise ValueError(f"--load {root}: saved at tp={layout['tp']} pp={layout['pp']}, "
                              f"running tp={self.args.tp} pp={self.args.pp}; reshard it with "
                              f"tools/checkpoint/reshard.py")
-        unwrap(t.model).load_state_dict(sd["model"], strict=True)
+        model = unwrap(t.model)
+        check_state_matches(sd["model"], model.state_dict(), sd.get("args"), self.args.model,
+                            path)
+        model.load_state_dict(sd["model"], strict=True)
         t.optimizer.reload_model_params()  # bf16/fp16: main weights from the loaded model
         if c.finetune:
             return

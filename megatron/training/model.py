@@ -1,14 +1,15 @@
 """The GPT model: megatron-core's GPTModel with Megatron's GPT-2-shaped defaults.
 
-Learned absolute positions, LayerNorm, GeLU, tied input/output embeddings: this maps one to one
-onto Hugging Face GPT2LMHeadModel (tools/checkpoint relies on that).
+By default learned absolute positions, LayerNorm, GeLU, tied input/output embeddings: this
+maps one to one onto Hugging Face GPT2LMHeadModel. The architecture flags (rope, RMSNorm,
+SwiGLU, GQA, bias switches, parallel residual; megatron/training/architecture.py) give the
+Llama/Qwen, OPT, GPT-NeoX and GPT-J families (tools/checkpoint/hf_families maps them).
 
 Initial weights depend on --seed alone, never on the tp/pp split: every parameter is drawn
 from a generator keyed by (seed, its name in the *unsplit* model), in its full shape, and then
 sliced to this rank's shard. Stock Megatron offsets seeds by pipeline rank, so the same seed
 gives different models at different layouts; here, comparing layouts compares like with like.
 """
-import functools
 import hashlib
 import math
 import re
@@ -18,6 +19,7 @@ import torch
 
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
+from megatron.training import architecture
 from megatron.training.attention import default_impl, layer_spec
 from megatron.training.device import rank_device
 
@@ -32,13 +34,11 @@ def transformer_config(args) -> TransformerConfig:
         tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
         attention_dropout=m.attention_dropout, hidden_dropout=m.hidden_dropout,
         layernorm_epsilon=m.layernorm_epsilon, init_method_std=m.init_method_std,
-        normalization="LayerNorm", add_bias_linear=True, gated_linear_unit=False,
-        activation_func=(functools.partial(torch.nn.functional.gelu, approximate="tanh")
-                         if m.openai_gelu else torch.nn.functional.gelu),
+        **architecture.config_kwargs(m, on_gpu),
         bf16=m.bf16, fp16=m.fp16, params_dtype=dtype, pipeline_dtype=dtype,
         # The fused kernels are CUDA-only; on CPU their unfused equivalents run.
-        # (fused bias-GeLU takes exact GeLU only; tanh GeLU runs unfused)
-        gradient_accumulation_fusion=False, bias_activation_fusion=on_gpu and not m.openai_gelu,
+        # (bias_activation_fusion comes from config_kwargs: only what megatron-core can fuse)
+        gradient_accumulation_fusion=False,
         masked_softmax_fusion=on_gpu and not _compat(args, "no_masked_softmax_fusion"),
         bias_dropout_fusion=on_gpu, apply_rope_fusion=False,
         persist_layer_norm=False, use_cpu_initialization=True,
@@ -55,12 +55,17 @@ def _compat(args, name: str) -> bool:
 
 def build_gpt_model(args, config: TransformerConfig, padded_vocab_size: int,
                     pre_process: bool, post_process: bool) -> GPTModel:
+    m = args.model
     model = GPTModel(
-        config=config, transformer_layer_spec=layer_spec(_impl(args)),
-        vocab_size=padded_vocab_size, max_sequence_length=args.model.max_position_embeddings,
+        config=config,
+        transformer_layer_spec=layer_spec(_impl(args), base=architecture.layer_spec(m)),
+        vocab_size=padded_vocab_size, max_sequence_length=m.max_position_embeddings,
         pre_process=pre_process, post_process=post_process, parallel_output=True,
-        share_embeddings_and_output_weights=not args.model.untie_embeddings_and_output_weights,
-        position_embedding_type="learned_absolute")
+        share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
+        position_embedding_type=m.position_embedding_type, rotary_percent=m.rotary_percent,
+        rotary_base=m.rotary_base)
+    if m.output_layer_bias:
+        architecture.add_output_layer_bias(model)
     init_weights_by_seed(model, args.training.seed, args.model.init_method_std,
                          args.model.num_layers)
     return model.to(rank_device())  # built and initialised on the CPU, trained on the rank's GPU
@@ -107,13 +112,21 @@ def full_shape(param: torch.nn.Parameter) -> Tuple[int, ...]:
     return tuple(shape)
 
 
-def shard(full: torch.Tensor, param: torch.nn.Parameter) -> torch.Tensor:
-    """This rank's contiguous slice of an unsplit tensor (Megatron shards contiguously)."""
+def is_glu_fc1(gname: str, glu: bool) -> bool:
+    """A SwiGLU linear_fc1 is stored unsplit as [gate; up]; each tp rank holds [gate_r; up_r]."""
+    return glu and gname.endswith(("linear_fc1.weight", "linear_fc1.bias"))
+
+
+def shard(full: torch.Tensor, param: torch.nn.Parameter, glu: bool = False) -> torch.Tensor:
+    """This rank's slice of an unsplit tensor (Megatron shards contiguously; a GLU fc1 per half)."""
     from megatron.core import parallel_state as ps
     dim, tp = shard_info(param)
     if dim < 0:
         return full
-    return full.chunk(tp, dim=dim)[ps.get_tensor_model_parallel_rank()]
+    rank = ps.get_tensor_model_parallel_rank()
+    if glu:
+        return torch.cat([half.chunk(tp, dim=0)[rank] for half in full.chunk(2, dim=0)])
+    return full.chunk(tp, dim=dim)[rank]
 
 
 # --------------------------------------------------------------------------- init
@@ -137,9 +150,10 @@ def initial_value(gname: str, shape, seed: int, std: float, num_layers: int) -> 
 
 @torch.no_grad()
 def init_weights_by_seed(model: GPTModel, seed: int, std: float, num_layers: int) -> None:
+    glu = model.config.gated_linear_unit
     for _, gname, param in global_param_names(model):
         value = initial_value(gname, full_shape(param), seed, std, num_layers)
-        param.copy_(shard(value, param).to(param.dtype))
+        param.copy_(shard(value, param, is_glu_fc1(gname, glu)).to(param.dtype))
 
 
 def unwrap(model):

@@ -1,16 +1,20 @@
-"""Export a checkpoint (any tp x pp layout) as a Hugging Face GPT2LMHeadModel directory.
+"""Export a checkpoint (any tp x pp layout) as a Hugging Face model directory.
 
     python tools/checkpoint/export_hf.py --load ckpts/run1 --output hf/run1 \\
         --vocab-file vocab.json --merge-file merges.txt
     # hf/run1: config.json, generation_config.json, model.safetensors, tokenizer files;
     # transformers.AutoModelForCausalLM.from_pretrained("hf/run1") loads it offline.
 
+The family is the one the checkpoint's model flags describe (tools/checkpoint/hf_families/):
+GPT-2 (learned positions, LayerNorm, GeLU, tied), Llama (rope, RMSNorm, SwiGLU, no biases),
+Qwen2 (Llama + --add-qkv-bias), OPT (--relu), GPT-NeoX (rope with --rotary-percent, LayerNorm,
+GeLU, optionally --parallel-residual), GPT-J (--rotary-interleaved, shared-norm parallel
+residual, --output-layer-bias); --hf-model-type picks one explicitly. A model no family can
+hold is refused with, per family, the flags that stand in the way.
+
 The tokenizer defaults to the files the checkpoint was trained with (if they still exist);
 --vocab-file/--merge-file (GPT-2 BPE) or --tokenizer-model (a local HF tokenizer directory)
 override it. The embedding is cut from the padded vocabulary to the tokenizer's size.
-
-Models GPT-2 cannot express are refused with the flag named (for example
---untie-embeddings-and-output-weights: GPT2LMHeadModel ties lm_head to wte).
 
 The directory is assembled under <output>.tmp-<pid>/ and renamed into place when complete.
 """
@@ -28,8 +32,8 @@ import torch  # noqa: E402
 
 from tools.checkpoint.common import (  # noqa: E402
     add_tokenizer_flags, build_tokenizer_from, fail, replace_dir)
-from tools.checkpoint.gpt2_mapping import (  # noqa: E402
-    ConversionError, hf_config, to_hf, unsupported_features)
+from tools.checkpoint.errors import ConversionError  # noqa: E402
+from tools.checkpoint.hf_families import for_model_args  # noqa: E402
 from tools.checkpoint.layout import (  # noqa: E402
     CheckpointError, FullCheckpoint, merge, read_checkpoint)
 
@@ -46,37 +50,42 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Iteration to export (default: the latest).")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="Dtype of the saved weights (default float32).")
+    p.add_argument("--hf-model-type", default=None,
+                   help="Hugging Face model_type to write (gpt2, llama, qwen2, opt, gpt_neox, "
+                        "gptj); default: the family the checkpoint's model flags describe.")
     add_tokenizer_flags(p, purpose="saved with the model; default: the checkpoint's")
     p.add_argument("--no-progress", action="store_true", help="Hide the progress bars.")
     return p
 
 
-def build_hf_model(full: FullCheckpoint, tokenizer, dtype: torch.dtype = torch.float32):
-    """A transformers GPT2LMHeadModel holding the checkpoint's weights."""
-    from transformers import GPT2LMHeadModel
-    config = hf_config(full.model_args, tokenizer.vocab_size, tokenizer.eod, dtype)
-    state = to_hf(full.params, full.model_args, tokenizer.vocab_size)
-    model = GPT2LMHeadModel(config)
+def build_hf_model(full: FullCheckpoint, tokenizer, dtype: torch.dtype = torch.float32,
+                   model_type=None):
+    """A transformers model of the checkpoint's family holding its weights."""
+    from transformers import AutoModelForCausalLM
+    family = for_model_args(full.model_args, model_type)
+    config = family.hf_config(full.model_args, tokenizer.vocab_size, tokenizer.eod, dtype)
+    state = family.to_hf(full.params, full.model_args, tokenizer.vocab_size)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k != "lm_head.weight"]  # tied to wte
+    tied = getattr(config, "tie_word_embeddings", False)
+    missing = [k for k in missing if not (tied and k == "lm_head.weight")]
     if missing or unexpected:
-        raise ConversionError(f"GPT-2 state dict mismatch: missing {missing}, "
+        raise ConversionError(f"{family.hf_class} state dict mismatch: missing {missing}, "
                               f"unexpected {unexpected}")
-    model.tie_weights()
+    if tied:
+        model.tie_weights()
     return model.to(dtype).eval()
 
 
 def export(load: str, output: str, tokenizer_flags=None, iteration=None,
-           dtype: str = "float32", progress: bool = False) -> str:
+           dtype: str = "float32", progress: bool = False, model_type=None) -> str:
     """Write the Hugging Face directory; returns its path."""
     full = merge(read_checkpoint(load, iteration, progress), progress)
-    reasons = unsupported_features(full.model_args)
-    if reasons:  # before anything else: the answer does not depend on the tokenizer
-        raise ConversionError("this model cannot be written as a Hugging Face GPT-2: "
-                              + "; ".join(reasons))
+    # Before anything else: the answer does not depend on the tokenizer.
+    for_model_args(full.model_args, model_type)
     tokenizer = build_tokenizer_from(tokenizer_flags or argparse.Namespace(), full.args,
                                      required=True)
-    model = build_hf_model(full, tokenizer, DTYPES[dtype])
+    model = build_hf_model(full, tokenizer, DTYPES[dtype], model_type)
     output = os.path.abspath(output)
     tmp = f"{output}.tmp-{os.getpid()}"
     os.makedirs(tmp, exist_ok=True)
@@ -94,10 +103,11 @@ def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     t0 = time.time()
     try:
-        out = export(a.load, a.output, a, a.iteration, a.dtype, progress=not a.no_progress)
+        out = export(a.load, a.output, a, a.iteration, a.dtype, progress=not a.no_progress,
+                     model_type=a.hf_model_type)
     except (CheckpointError, ConversionError, ValueError) as e:
         return fail(str(e))
-    print(f"wrote Hugging Face GPT-2 to {out} in {time.time() - t0:.1f}s")
+    print(f"wrote Hugging Face model to {out} in {time.time() - t0:.1f}s")
     return 0
 
 

@@ -52,7 +52,6 @@ _GPT2_REQUIRES = {
     "group_query_attention": (False, "GPT-2 has one key/value head per query head"),
     "disable_bias_linear": (False, "GPT-2's linear layers all have biases"),
     "add_bias_linear": (True, "GPT-2's linear layers all have biases"),
-    "add_qkv_bias": (True, "GPT-2's c_attn has a bias"),
     "apply_residual_connection_post_layernorm": (False, "GPT-2 is pre-LayerNorm"),
     "qk_layernorm": (False, "GPT-2 has no query/key LayerNorm"),
     "apply_layernorm_1p": (False, "GPT-2's LayerNorm weight is not zero-centred"),

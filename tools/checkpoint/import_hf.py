@@ -1,25 +1,29 @@
-"""Import a Hugging Face GPT-2 into our checkpoint layout at any tensor x pipeline split.
+"""Import a Hugging Face causal LM into our checkpoint layout at any tensor x pipeline split.
 
-    python tools/checkpoint/import_hf.py --hf-model hf/gpt2 --save ckpts/gpt2_tp2pp2 \\
+    python tools/checkpoint/import_hf.py --hf-model hf/llama --save ckpts/llama_tp2pp2 \\
         --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
-    # then fine-tune: pretrain_gpt.py <the model flags it prints> \\
-    #     --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \\
-    #     --load ckpts/gpt2_tp2pp2 --finetune --tokenizer-type HuggingFaceTokenizer \\
-    #     --tokenizer-model hf/gpt2 ...
+    # prints the exact pretrain_gpt.py model flags, e.g. for a Llama:
+    #   --load ckpts/llama_tp2pp2 --finetune --num-layers 2 ... --position-embedding-type rope
+    #   --normalization RMSNorm --swiglu --disable-bias-linear --group-query-attention ...
+
+Families, detected from config.json's model_type (tools/checkpoint/hf_families/): gpt2
+(GPT2LMHeadModel), llama (LlamaForCausalLM), qwen2 (Qwen2ForCausalLM), opt (OPTForCausalLM),
+gpt_neox (GPTNeoXForCausalLM), gptj (GPTJForCausalLM). A config field our model cannot express
+(sliding-window attention, ALiBi, scaled RoPE, post-LayerNorm OPT, ...) is refused by name
+before any weight is read.
 
 Writes an iteration-0 checkpoint with model weights only (no optimizer or scheduler state):
-load it with --finetune. The args stored in it carry the architecture read from config.json
-(n_layer, n_embd, n_head, n_inner, n_positions, layer_norm_epsilon; activation 'gelu_new' /
-'gelu_pytorch_tanh' becomes --openai-gelu) and, if the directory holds tokenizer files, the
-tokenizer as --tokenizer-type HuggingFaceTokenizer --tokenizer-model <dir>. The vocabulary is
-padded with zero rows to Megatron's multiple (--make-vocab-size-divisible-by x tp); logits of
-real tokens equal GPT-2's, while the padding entries (logit 0) join the training softmax.
+load it with --finetune. The args stored in it carry the architecture and, if the directory
+holds tokenizer files, the tokenizer as --tokenizer-type HuggingFaceTokenizer --tokenizer-model
+<dir>. The vocabulary is padded with zero rows to Megatron's multiple
+(--make-vocab-size-divisible-by x tp); the training loss masks the padding logits, so it
+equals Hugging Face's on the same batch.
 
 From Python (the fine-tuning code):
 
-    from tools.checkpoint.import_hf import import_hf_gpt2
-    shards = import_hf_gpt2("hf/gpt2", tp=2, pp=2)   # list, index pp_rank * tp + tp_rank
-    model.load_state_dict(shards[i]["model"])        # each a model_optim_rng.pt dict
+    from tools.checkpoint.import_hf import import_hf
+    shards = import_hf("hf/llama", tp=2, pp=2)   # list, index pp_rank * tp + tp_rank
+    model.load_state_dict(shards[i]["model"])    # each a model_optim_rng.pt dict
 """
 import argparse
 import os
@@ -34,19 +38,19 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch  # noqa: E402
 
 from tools.checkpoint.common import add_tokenizer_flags, fail  # noqa: E402
-from tools.checkpoint.gpt2_mapping import (  # noqa: E402
-    ConversionError, from_hf, model_flags_from_hf)
+from tools.checkpoint.errors import ConversionError  # noqa: E402
+from tools.checkpoint.hf_families import for_config  # noqa: E402
 from tools.checkpoint.layout import (  # noqa: E402
     CheckpointError, FullCheckpoint, padded_vocab_size, split, write_checkpoint)
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hf-model", required=True, help="Local Hugging Face GPT-2 directory "
-                   "(config.json + safetensors or pytorch_model.bin).")
+    p.add_argument("--hf-model", required=True, help="Local Hugging Face model directory "
+                   "(config.json + safetensors or pytorch_model.bin) of a supported family.")
     p.add_argument("--save", required=True, help="Checkpoint directory to write.")
     p.add_argument("--tensor-model-parallel-size", dest="tp", type=int, default=1,
                    help="Tensor-parallel size of the new checkpoint (default 1).")
@@ -56,46 +60,52 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Pad the vocabulary to a multiple of this times tp, as the training "
                         "flag of the same name (default 128).")
     p.add_argument("--seq-length", type=int, default=None,
-                   help="--seq-length recorded in the args (default: n_positions).")
+                   help="--seq-length recorded in the args (default: the model's "
+                        "max_position_embeddings / n_positions).")
     add_tokenizer_flags(p, purpose="recorded in the args; default: the --hf-model directory's")
     p.add_argument("--no-progress", action="store_true", help="Hide the progress bars.")
     return p
 
 
 def _load_hf(hf_dir_or_model):
-    """(state dict, config, directory or None) of a GPT-2 given as a path or a model object."""
+    """(state dict, config, directory or None) of a model given as a path or a model object."""
     if not isinstance(hf_dir_or_model, (str, os.PathLike)):
+        for_config(hf_dir_or_model.config)
         return hf_dir_or_model.state_dict(), hf_dir_or_model.config, None
     path = str(hf_dir_or_model)
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ConversionError(f"--hf-model {path}: no config.json; give a directory written "
                               f"by save_pretrained")
-    from transformers import AutoConfig, GPT2LMHeadModel
+    from transformers import AutoConfig, AutoModelForCausalLM
     config = AutoConfig.from_pretrained(path, local_files_only=True)
-    model_flags_from_hf(config)  # refuse non-GPT-2 before loading any weights
+    for_config(config).model_flags(config)  # refuse what we cannot run before loading weights
     try:
-        model = GPT2LMHeadModel.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+                                                     dtype=torch.float32)
     except (OSError, ValueError, RuntimeError) as e:
         raise ConversionError(f"--hf-model {path}: cannot load the weights ({e})") from None
     return model.state_dict(), model.config, path
 
 
+def _argv(fields: dict) -> list:
+    argv = []
+    for k, v in fields.items():
+        if v is None or v is False:
+            continue
+        argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
+    return argv
+
+
 def _args_dict(config, tp: int, pp: int, divisible_by: int, seq_length: Optional[int],
                tokenizer: dict) -> dict:
-    """Our training Args (as saved in checkpoints) for this GPT-2, validated by the driver."""
+    """Our training Args (as saved in checkpoints) for this model, validated by the driver."""
     from megatron.training.arguments import parse_args
-    fields = dict(model_flags_from_hf(config))
-    fields.update({"seq_length": seq_length or config.n_positions,
+    fields = dict(for_config(config).model_flags(config))
+    fields.update({"seq_length": seq_length or fields["max_position_embeddings"],
                    "make_vocab_size_divisible_by": divisible_by,
                    "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp})
     fields.update({k: v for k, v in tokenizer.items() if v})
-    argv = []
-    for k, v in fields.items():
-        if isinstance(v, bool):
-            argv += [f"--{k.replace('_', '-')}"] if v else []
-        else:
-            argv += [f"--{k.replace('_', '-')}", str(v)]
-    return parse_args(argv, world_size=tp * pp).to_dict()
+    return parse_args(_argv(fields), world_size=tp * pp).to_dict()
 
 
 def _tokenizer_fields(hf_dir: Optional[str], cli) -> dict:
@@ -112,7 +122,7 @@ def _tokenizer_fields(hf_dir: Optional[str], cli) -> dict:
 
 def full_from_hf(hf_dir_or_model, tp: int = 1, pp: int = 1, make_vocab_size_divisible_by=128,
                  seq_length: Optional[int] = None, tokenizer_flags=None) -> FullCheckpoint:
-    """A GPT-2 as a FullCheckpoint (our global names, vocabulary padded for tp)."""
+    """A Hugging Face model as a FullCheckpoint (our global names, vocabulary padded for tp)."""
     hf_sd, config, hf_dir = _load_hf(hf_dir_or_model)
     tok = _tokenizer_fields(hf_dir, tokenizer_flags)
     args = _args_dict(config, tp, pp, make_vocab_size_divisible_by, seq_length, tok)
@@ -121,19 +131,40 @@ def full_from_hf(hf_dir_or_model, tp: int = 1, pp: int = 1, make_vocab_size_divi
         from megatron.training.tokenizer import build_tokenizer
         n = build_tokenizer(tok["tokenizer_type"], tok.get("vocab_file"), tok.get("merge_file"),
                             tok.get("tokenizer_model")).vocab_size
-        if n != vocab:
+        if n > vocab:
             raise ConversionError(
                 f"config.json has vocab_size {vocab} but the tokenizer has {n} tokens; our "
                 f"driver sizes the embedding from the tokenizer, so the checkpoint would not "
                 f"load. Pass the matching tokenizer (--vocab-file/--merge-file or "
                 f"--tokenizer-model)")
+        if n < vocab:  # OPT, GPT-J, GPT-NeoX, Qwen2 round their embeddings up past the tokenizer
+            hf_sd = _cut_vocab_rows(hf_sd, vocab, n)
+            vocab = n
     rows = padded_vocab_size(vocab, make_vocab_size_divisible_by, tp)
-    return FullCheckpoint(params=from_hf(hf_sd, config, rows), args=args,
-                          padded_vocab_size=rows, vocab_size=vocab, optimizer=None)
+    params = for_config(config).from_hf(hf_sd, config, rows)
+    return FullCheckpoint(params=params, args=args, padded_vocab_size=rows, vocab_size=vocab,
+                          optimizer=None)
 
 
-def import_hf_gpt2(hf_dir_or_model, tp: int = 1, pp: int = 1, make_vocab_size_divisible_by=128,
-                   seq_length: Optional[int] = None, tokenizer_flags=None) -> List[dict]:
+_VOCAB_TENSORS = ("embed_tokens.", "wte.", "embed_in.", "lm_head.", "embed_out.")
+
+
+def _cut_vocab_rows(hf_sd: dict, config_vocab: int, tokenizer_vocab: int) -> dict:
+    """Drop the embedding/lm_head rows of ids the tokenizer never produces.
+
+    Our driver sizes the embedding from the tokenizer (padded to Megatron's multiple) and
+    masks the padding logits in the loss; Hugging Face keeps these rows in its softmax, so
+    with them cut our loss differs from HF's by their (small, untrained) probability mass.
+    """
+    print(f"note: config.json has vocab_size {config_vocab}, the tokenizer {tokenizer_vocab} "
+          f"tokens; the {config_vocab - tokenizer_vocab} rows past the tokenizer are dropped "
+          f"(an export writes vocab_size {tokenizer_vocab})", file=sys.stderr)
+    return {k: (v[:tokenizer_vocab] if any(p in k for p in _VOCAB_TENSORS)
+                and v.shape[0] == config_vocab else v) for k, v in hf_sd.items()}
+
+
+def import_hf(hf_dir_or_model, tp: int = 1, pp: int = 1, make_vocab_size_divisible_by=128,
+              seq_length: Optional[int] = None, tokenizer_flags=None) -> List[dict]:
     """Shard dicts (model_optim_rng.pt format) indexed pp_rank * tp + tp_rank."""
     full = full_from_hf(hf_dir_or_model, tp, pp, make_vocab_size_divisible_by, seq_length,
                         tokenizer_flags)
@@ -141,16 +172,24 @@ def import_hf_gpt2(hf_dir_or_model, tp: int = 1, pp: int = 1, make_vocab_size_di
     return [shards[(t, p)] for p in range(pp) for t in range(tp)]
 
 
+import_hf_gpt2 = import_hf  # the name from when GPT-2 was the only family
+
+
 def model_flags(args: dict) -> str:
-    """The pretrain_gpt.py model flags matching an imported checkpoint."""
+    """The pretrain_gpt.py model flags matching an imported checkpoint (defaults omitted)."""
+    import dataclasses
+    from megatron.training.arguments import ModelArgs
     m = args["model"]
-    names = ["num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
-             "max_position_embeddings", "seq_length", "layernorm_epsilon",
-             "make_vocab_size_divisible_by"]
-    out = [f"--{n.replace('_', '-')} {m[n]}" for n in names]
-    for b in ("openai_gelu", "untie_embeddings_and_output_weights"):
-        if m[b]:
-            out.append(f"--{b.replace('_', '-')}")
+    always = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+              "max_position_embeddings", "seq_length", "layernorm_epsilon",
+              "make_vocab_size_divisible_by")
+    out = []
+    for f in dataclasses.fields(ModelArgs):
+        if f.name not in m or f.name in ("bf16", "fp16"):
+            continue
+        value = m[f.name]
+        if f.name in always or value != f.default:
+            out += _argv({f.name: value}) if not isinstance(value, bool) or value else []
     return " ".join(out)
 
 

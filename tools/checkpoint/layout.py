@@ -39,11 +39,13 @@ import torch
 
 from megatron.training.checkpointing import (
     CHECKPOINT_VERSION, LATEST, atomic_write_text, iter_dir, read_latest, shard_dir_name)
+from megatron.training.model import is_glu_fc1
 from tools.checkpoint.errors import CheckpointError  # noqa: F401  (re-exported)
 
 MODEL_FILE = "model_optim_rng.pt"
 WORD_EMB = "embedding.word_embeddings.weight"
 OUTPUT = "output_layer.weight"
+OUTPUT_BIAS = "output_layer.bias"
 # Modules whose state_dict carries an `_extra_state` entry (megatron-core's linear layers).
 _EXTRA_STATE_LINEARS = ("self_attention.linear_proj", "self_attention.linear_qkv",
                         "mlp.linear_fc1", "mlp.linear_fc2")
@@ -55,7 +57,7 @@ _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
 def partition_dim(gname: str) -> int:
     """Dimension megatron-core splits this parameter along over TP ranks, or -1 (replicated)."""
     if gname.endswith(("linear_qkv.weight", "linear_qkv.bias", "linear_fc1.weight",
-                       "linear_fc1.bias")) or gname in (WORD_EMB, OUTPUT):
+                       "linear_fc1.bias")) or gname in (WORD_EMB, OUTPUT, OUTPUT_BIAS):
         return 0
     if gname.endswith(("linear_proj.weight", "linear_fc2.weight")):
         return 1
@@ -63,7 +65,13 @@ def partition_dim(gname: str) -> int:
 
 
 def is_vocab_parallel(gname: str) -> bool:
-    return gname in (WORD_EMB, OUTPUT)
+    return gname in (WORD_EMB, OUTPUT, OUTPUT_BIAS)
+
+
+def _glu(args_or_model: dict) -> bool:
+    """SwiGLU fc1 tensors are split per half ([gate_r; up_r] on rank r), see model.shard."""
+    model = args_or_model.get("model", args_or_model)
+    return bool(model.get("swiglu", False))
 
 
 def layers_per_stage(num_layers: int, pp: int) -> int:
@@ -234,8 +242,11 @@ def _warn(msg: str) -> None:
     print(f"warning: {msg}", file=sys.stderr, flush=True)
 
 
-def _cat(pieces: List[torch.Tensor], gname: str) -> torch.Tensor:
+def _cat(pieces: List[torch.Tensor], gname: str, glu: bool = False) -> torch.Tensor:
     dim = partition_dim(gname)
+    if is_glu_fc1(gname, glu):  # [gate_r; up_r] per rank -> [gate; up]
+        halves = [p.chunk(2, dim=0) for p in pieces]
+        return torch.cat([torch.cat([h[i] for h in halves]) for i in (0, 1)])
     if dim < 0:
         for i, p in enumerate(pieces[1:], 1):
             if not torch.equal(p, pieces[0]):
@@ -246,12 +257,12 @@ def _cat(pieces: List[torch.Tensor], gname: str) -> torch.Tensor:
     return torch.cat(pieces, dim=dim)
 
 
-def _merge_state(states: List[dict], gname: str) -> dict:
+def _merge_state(states: List[dict], gname: str, glu: bool = False) -> dict:
     """Merge one parameter's Adam state over TP ranks: moments like the param, scalars as is."""
     out = {}
     for k, v in states[0].items():
         if torch.is_tensor(v) and v.dim() > 0:
-            out[k] = _cat([s[k] for s in states], gname)
+            out[k] = _cat([s[k] for s in states], gname, glu)
         else:
             out[k] = v
     return out
@@ -263,6 +274,7 @@ def merge(ckpt: ShardedCheckpoint, progress: bool = False) -> FullCheckpoint:
     margs = first["args"]["model"]
     tied = not margs.get("untie_embeddings_and_output_weights", False)
     num_layers = margs["num_layers"]
+    glu = _glu(margs)
     params: Dict[str, torch.Tensor] = {}
     extra: Dict[str, object] = {}
     has_optim = all(sd.get("optimizer_by_name") is not None for sd in ckpt.shards.values())
@@ -280,7 +292,7 @@ def merge(ckpt: ShardedCheckpoint, progress: bool = False) -> FullCheckpoint:
             except KeyError:
                 raise CheckpointError(f"stage {p}: {local} is in tp rank 0's shard but not in "
                                       f"every other tp rank's; mismatched shards") from None
-            value = _cat(pieces, g)
+            value = _cat(pieces, g, glu)
             if g in params:  # the tied output weight on the last stage duplicates the embedding
                 if not torch.equal(params[g], value):
                     _warn(f"the last stage's output_layer.weight differs from {g} on stage 0 "
@@ -291,7 +303,7 @@ def merge(ckpt: ShardedCheckpoint, progress: bool = False) -> FullCheckpoint:
             if optim is not None:
                 states = [sd["optimizer_by_name"].get(g) for sd in tp_sds]
                 if all(s is not None for s in states):
-                    optim[g] = _merge_state(states, g)
+                    optim[g] = _merge_state(states, g, glu)
     return FullCheckpoint(
         params=params, args=first["args"], padded_vocab_size=first["layout"]["padded_vocab_size"],
         vocab_size=first["layout"].get("vocab_size"), optimizer=optim,
@@ -331,10 +343,16 @@ def _resize_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, pad])
 
 
-def _slice(t: torch.Tensor, gname: str, tp: int, tp_rank: int) -> torch.Tensor:
+def _slice(t: torch.Tensor, gname: str, tp: int, tp_rank: int, glu: bool = False
+           ) -> torch.Tensor:
     dim = partition_dim(gname)
     if dim < 0:
         return t.clone()
+    if is_glu_fc1(gname, glu):  # [gate; up] -> [gate_r; up_r]
+        if t.shape[0] % (2 * tp):
+            raise CheckpointError(f"{gname} has {t.shape[0]} rows, not two halves divisible "
+                                  f"by tensor-parallel size {tp}")
+        return torch.cat([h.chunk(tp, dim=0)[tp_rank] for h in t.chunk(2, dim=0)]).clone()
     if t.shape[dim] % tp:
         raise CheckpointError(f"{gname} has {t.shape[dim]} entries along dim {dim}, not "
                               f"divisible by tensor-parallel size {tp}")
@@ -352,6 +370,10 @@ def check_target(full: FullCheckpoint, tp: int, pp: int) -> None:
         if m[field_name] % tp:
             raise CheckpointError(f"target tensor-parallel size {tp} does not divide "
                                   f"--{field_name.replace('_', '-')} ({m[field_name]})")
+    groups = m.get("num_query_groups") if m.get("group_query_attention") else None
+    if groups is not None and groups % tp:
+        raise CheckpointError(f"target tensor-parallel size {tp} does not divide "
+                              f"--num-query-groups ({groups})")
 
 
 def retarget_args(args: dict, tp: int, pp: int) -> dict:
@@ -372,6 +394,7 @@ def split(full: FullCheckpoint, tp: int, pp: int, vocab_size: Optional[int] = No
     check_target(full, tp, pp)
     rows = target_padded_vocab(full, tp, vocab_size)
     num_layers = full.model_args["num_layers"]
+    glu = _glu(full.model_args)
     args = retarget_args(full.args, tp, pp)
     gnames = list(full.params)
     optim = full.optimizer if with_optimizer else None
@@ -384,10 +407,11 @@ def split(full: FullCheckpoint, tp: int, pp: int, vocab_size: Optional[int] = No
                 value = full.params[g]
                 if is_vocab_parallel(g):
                     value = _resize_rows(value, rows)
-                model[local] = _slice(value, g, tp, t)
+                model[local] = _slice(value, g, tp, t, glu)
                 if opt is not None and g in optim and g not in opt:
                     opt[g] = {k: (_slice(_resize_rows(v, rows) if is_vocab_parallel(g) else v,
-                                         g, tp, t) if torch.is_tensor(v) and v.dim() > 0 else v)
+                                         g, tp, t, glu) if torch.is_tensor(v) and v.dim() > 0
+                                  else v)
                               for k, v in optim[g].items()}
             for key in extra_state_keys(num_layers, p, pp):
                 gkey = to_global(key, p, pp, num_layers, full.tied)

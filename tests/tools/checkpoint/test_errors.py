@@ -105,7 +105,7 @@ def test_save_over_load_is_refused(ck, capsys):
 def test_untied_embeddings_cannot_be_exported(ck, tmp_path, capsys):
     _rewrite_args(ck, lambda a: a["model"].update(untie_embeddings_and_output_weights=True))
     _refused(capsys, export_hf.main, ["--load", ck, "--output", str(tmp_path / "hf")],
-             "cannot be written as a Hugging Face GPT-2",
+             "cannot be written as a Hugging Face model",
              "--untie-embeddings-and-output-weights=True",
              "GPT2LMHeadModel ties lm_head to wte")
     assert not os.path.exists(tmp_path / "hf")

@@ -1,0 +1,120 @@
+"""The model families beyond GPT-2, expressed with megatron-core's own pieces.
+
+    kwargs = config_kwargs(args.model, on_gpu)   # TransformerConfig fields of the architecture
+    spec = layer_spec(args.model)                 # the layer spec GPTModel builds its layers from
+    add_output_layer_bias(model)                  # GPT-J's lm_head bias, after GPTModel is built
+
+What each flag maps to (all megatron-core except the parallel residual layer, which is ours):
+    --position-embedding-type rope --rotary-percent --rotary-base   RotaryEmbedding (rotate-half)
+    --rotary-interleaved                            rotate-every-two pairs (GPT-J)
+    --normalization RMSNorm, --layernorm-epsilon    torch.nn.RMSNorm / LayerNorm
+    --swiglu / --relu / --openai-gelu               gated_linear_unit + activation_func
+    --group-query-attention --num-query-groups      num_query_groups (linear_qkv per group)
+    --disable-bias-linear, --add-qkv-bias           add_bias_linear / add_qkv_bias
+    --disable-bias-attention                        linear_qkv and linear_proj without bias
+    --parallel-residual [--parallel-residual-shared-norm]
+        x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX), or with one norm for both (GPT-J)
+    --output-layer-bias                             a bias on the untied output layer (GPT-J)
+"""
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.transformer_layer import TransformerLayer
+from megatron.core.utils import make_viewless_tensor
+
+
+def activation(m):
+    if m.swiglu:
+        return F.silu
+    if m.relu:
+        return F.relu
+    if m.openai_gelu:
+        return functools.partial(F.gelu, approximate="tanh")
+    return F.gelu
+
+
+def config_kwargs(m, on_gpu: bool) -> dict:
+    """TransformerConfig fields that depend on the architecture flags."""
+    act = activation(m)
+    bias_mlp = not m.disable_bias_linear
+    # megatron-core fuses bias+GeLU (with a bias) and SwiGLU only; other activations run unfused.
+    fusable = (act is F.gelu and bias_mlp and not m.swiglu) or (act is F.silu and m.swiglu)
+    return dict(
+        normalization=m.normalization, gated_linear_unit=m.swiglu, activation_func=act,
+        add_bias_linear=bias_mlp, add_qkv_bias=m.add_qkv_bias,
+        num_query_groups=m.num_query_groups if m.group_query_attention else None,
+        rotary_interleaved=m.rotary_interleaved, bias_activation_fusion=on_gpu and fusable)
+
+
+class _NoBiasColumnParallelLinear(ColumnParallelLinear):
+    """linear_qkv without a bias whatever add_bias_linear says (GPT-J's q/k/v projections)."""
+
+    def __init__(self, *args, bias=True, **kwargs):
+        super().__init__(*args, bias=False, **kwargs)
+
+
+class _NoBiasRowParallelLinear(RowParallelLinear):
+    """linear_proj without a bias whatever add_bias_linear says (GPT-J's out_proj)."""
+
+    def __init__(self, *args, bias=True, **kwargs):
+        super().__init__(*args, bias=False, **kwargs)
+
+
+class ParallelResidualLayer(TransformerLayer):
+    """out = x + dropout(attn(ln1(x))) + dropout(mlp(ln2(x))): GPT-NeoX's use_parallel_residual.
+
+    With pre_mlp_layernorm an IdentityOp the MLP reads ln1(x) as well (GPT-J's single ln_1).
+    megatron-core's TransformerLayer feeds the MLP the attention's output, hence this layer.
+    """
+
+    def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None,
+                attention_bias=None, packed_seq_params=None, **kwargs):
+        residual = hidden_states                                   # (S, B, H)
+        normed = self.input_layernorm(hidden_states)
+        attn = self.self_attention(normed, attention_mask=attention_mask,
+                                   rotary_pos_emb=rotary_pos_emb, attention_bias=attention_bias,
+                                   packed_seq_params=packed_seq_params)
+        shared = isinstance(self.pre_mlp_layernorm, IdentityOp)
+        mlp = self.mlp(normed if shared else self.pre_mlp_layernorm(hidden_states))
+        with self.bias_dropout_add_exec_handler():
+            fused = self.config.bias_dropout_fusion
+            out = self.self_attn_bda(self.training, fused)(attn, residual, self.hidden_dropout)
+            out = self.mlp_bda(self.training, fused)(mlp, out, self.hidden_dropout)
+        out = make_viewless_tensor(inp=out, requires_grad=out.requires_grad, keep_graph=True)
+        return out, None
+
+
+def layer_spec(m):
+    """megatron-core's local GPT layer spec, adapted to the architecture flags."""
+    spec = get_gpt_layer_local_spec(normalization=m.normalization)
+    sub = spec.submodules
+    if m.disable_bias_attention:
+        sub.self_attention.submodules.linear_qkv = _NoBiasColumnParallelLinear
+        sub.self_attention.submodules.linear_proj = _NoBiasRowParallelLinear
+    if m.parallel_residual:
+        spec.module = ParallelResidualLayer
+        if m.parallel_residual_shared_norm:
+            sub.pre_mlp_layernorm = IdentityOp
+    return spec
+
+
+@torch.no_grad()
+def add_output_layer_bias(model) -> None:
+    """Give the (untied) output layer a vocabulary-parallel bias, as GPT-J's lm_head has.
+
+    ColumnParallelLinear adds `self.bias` in its forward when it exists; it is split along the
+    vocabulary like the weight (partition dim 0) and starts at zero.
+    """
+    layer = getattr(model, "output_layer", None)
+    if layer is None or not model.post_process:
+        return
+    weight = layer.weight
+    bias = torch.nn.Parameter(torch.zeros(weight.shape[0], dtype=weight.dtype,
+                                          device=weight.device))
+    bias.tensor_model_parallel, bias.partition_dim, bias.partition_stride = True, 0, 1
+    layer.bias = bias
