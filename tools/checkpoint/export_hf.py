@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Dtype of the saved weights (default float32).")
     add_tokenizer_flags(p, purpose="saved with the model; default: the checkpoint's")
     p.add_argument("--no-progress", action="store_true", help="Hide the progress bars.")
+    p.add_argument("--trust-checkpoint", action="store_true", help="Unpickle the shards "
+                   "fully (weights_only=False): only for files you made yourself.")
     return p
 
 
@@ -67,9 +69,9 @@ def build_hf_model(full: FullCheckpoint, tokenizer, dtype: torch.dtype = torch.f
 
 
 def export(load: str, output: str, tokenizer_flags=None, iteration=None,
-           dtype: str = "float32", progress: bool = False) -> str:
+           dtype: str = "float32", progress: bool = False, trust: bool = False) -> str:
     """Write the Hugging Face directory; returns its path."""
-    full = merge(read_checkpoint(load, iteration, progress), progress)
+    full = merge(read_checkpoint(load, iteration, progress, trust), progress)
     reasons = unsupported_features(full.model_args)
     if reasons:  # before anything else: the answer does not depend on the tokenizer
         raise ConversionError("this model cannot be written as a Hugging Face GPT-2: "
@@ -94,7 +96,8 @@ def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     t0 = time.time()
     try:
-        out = export(a.load, a.output, a, a.iteration, a.dtype, progress=not a.no_progress)
+        out = export(a.load, a.output, a, a.iteration, a.dtype, progress=not a.no_progress,
+                     trust=a.trust_checkpoint)
     except (CheckpointError, ConversionError, ValueError) as e:
         return fail(str(e))
     print(f"wrote Hugging Face GPT-2 to {out} in {time.time() - t0:.1f}s")
