@@ -3,6 +3,11 @@
     FAULT=kill          rank FAULT_RANK SIGKILLs itself after iteration FAULT_AT (first attempt only)
     FAULT=hang          rank FAULT_RANK sleeps FAULT_SLEEP s before iteration FAULT_AT + 1
     FAULT=hang_startup  rank FAULT_RANK sleeps FAULT_SLEEP s before process-group creation
+    FAULT=sigterm       rank FAULT_RANK sends itself SIGTERM after iteration FAULT_AT
+    FAULT=kill_in_save  rank FAULT_RANK SIGKILLs itself in the writer thread of the async
+                        save of iteration FAULT_AT, after writing its first file
+    LOSS_FILE=path      the last rank writes {"start": first iteration, "losses": [...]} there
+                        (exact floats; one file per torchrun attempt: path.<attempt>)
 """
 import os
 import signal
@@ -31,6 +36,41 @@ if mine and FAULT in ("kill", "hang"):
         return out
 
     training.Trainer.train_step = faulty_step
+
+if mine and FAULT == "sigterm":
+    step = training.Trainer.train_step
+
+    def signalled_step(self):
+        out = step(self)
+        if self.iteration == AT:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    training.Trainer.train_step = signalled_step
+
+if mine and FAULT == "kill_in_save":
+    from megatron.training import async_save
+
+    def dying_write(obj, path, _real=async_save.write_file):
+        _real(obj, path)
+        if f"iter_{AT:07d}.tmp" in path:
+            os.kill(os.getpid(), signal.SIGKILL)   # kill -9 with the save half written
+
+    async_save.write_file = dying_write
+
+if os.environ.get("LOSS_FILE"):
+    import json
+    train = training.Trainer.train
+
+    def recorded_train(self):
+        start = self.iteration
+        train(self)
+        if int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 1:
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            with open(f"{os.environ['LOSS_FILE']}.{attempt}", "w") as f:
+                json.dump({"start": start, "losses": self.loss_history}, f)
+
+    training.Trainer.train = recorded_train
 
 if mine and FAULT == "hang_startup":
     from megatron.training import initialize
