@@ -96,12 +96,12 @@ def test_sigterm_saves_current_iteration_and_exits_zero(tiny_corpus, tmp_path):
 def test_stuck_rank_is_ended_with_the_collective_named(tiny_corpus, tmp_path):
     # 0.5 min mid-run: start-up on a loaded machine must not trip it before iteration 2
     argv = tiny_gpt_argv(tiny_corpus, **{"train-iters": 6, "distributed-timeout-minutes": 0.5})
-    run = _torchrun(2, argv, FAULT="hang", FAULT_RANK=1, FAULT_AT=2, FAULT_SLEEP=120)
+    run = _torchrun(2, argv, FAULT="hang", FAULT_RANK=1, FAULT_AT=2, FAULT_SLEEP=60)
     errors = [l for l in run.stderr.splitlines() if l.startswith("[rank 0] error:")]
     assert run.returncode != 0 and errors, run.stderr[-3000:]
     assert "collective torch.distributed." in errors[0] and "timed out" in errors[0], errors
     argv = tiny_gpt_argv(tiny_corpus, **{"train-iters": 6, "distributed-timeout-minutes": 0.05})
-    startup = _torchrun(2, argv, FAULT="hang_startup", FAULT_RANK=1, FAULT_SLEEP=120)
+    startup = _torchrun(2, argv, FAULT="hang_startup", FAULT_RANK=1, FAULT_SLEEP=40)
     errors = [l for l in startup.stderr.splitlines() if l.startswith("[rank 0] error:")]
     assert startup.returncode != 0 and errors, startup.stderr[-3000:]
     assert "start-up" in errors[0] and "rank(s) [1]" in errors[0], errors
