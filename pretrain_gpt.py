@@ -74,6 +74,10 @@ def main(argv=None) -> int:
         # Never leave the other ranks blocked in a collective: report and exit hard; torchrun
         # (or srun --kill-on-bad-exit) then stops the rest of the job.
         rank = os.environ.get("RANK", "0")
+        from megatron.training.collective_errors import describe_collective_failure
+        collective = describe_collective_failure(sys.exc_info()[1])
+        if collective:  # one line first: which collective this rank was stuck in
+            os.write(2, f"[rank {rank}] error: {collective}\n".encode())
         print(f"[rank {rank}] training failed:\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)
         os._exit(1)

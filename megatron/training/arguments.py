@@ -26,7 +26,9 @@ class ParallelArgs:
     distributed_backend: Optional[str] = flag(
         None, "torch.distributed backend; default nccl when CUDA is present, else gloo.",
         choices=["nccl", "gloo"])
-    distributed_timeout_minutes: int = flag(10, "Timeout for collectives (minutes).")
+    distributed_timeout_minutes: float = flag(
+        10, "Timeout (minutes) of every collective, process-group creation and start-up "
+            "handshake; a rank stuck longer fails with the name of the collective.")
 
     def validate(self, world_size: int) -> None:
         tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
@@ -272,6 +274,29 @@ class CheckpointArgs:
     no_load_rng: bool = flag(False, "Do not load RNG state.")
     finetune: bool = flag(False, "Load weights only and restart iteration count at 0.")
     exit_interval: Optional[int] = flag(None, "Exit (after saving) at this iteration.")
+    # surviving the cluster (issue 13)
+    async_save: bool = flag(
+        False, "Write checkpoints in the background: snapshot to host memory, write on a "
+               "thread, commit once every rank is done; at most one save in flight.")
+    keep_last: Optional[int] = flag(
+        None, "Keep only the newest N checkpoints in --save (older ones are deleted after a "
+              "newer one is committed). Default: keep all.")
+    ckpt_fallback: bool = flag(
+        False, "If the latest checkpoint in --load is corrupt or incomplete, resume from the "
+               "newest earlier one that verifies (with a warning) instead of stopping.")
+    trust_checkpoint: bool = flag(
+        False, "Load checkpoints with full unpickling (weights_only=False). Only for files you "
+               "made: a crafted checkpoint can run code.")
+    exit_signal_handler: bool = flag(
+        False, "On SIGTERM (Slurm/LSF pre-emption) save a checkpoint of the current iteration "
+               "and exit with code 0.")
+
+    def validate(self) -> None:
+        if self.keep_last is not None and self.keep_last < 1:
+            raise ConfigError(f"--keep-last must be >= 1 (got {self.keep_last})")
+        for name in ("async_save", "keep_last", "exit_signal_handler"):
+            if getattr(self, name) not in (None, False) and not self.save:
+                raise ConfigError(f"--{name.replace('_', '-')} needs --save DIR")
 
 
 @dataclass
@@ -364,6 +389,7 @@ def validate_args(args: Args) -> None:
         raise ConfigError("--repeat-epoch, --forward-compress-method delta* and --warmup-epochs "
                           "train in epochs over one dataset (samples keyed by index); a weighted "
                           "--data-path blend has no epochs: give one prefix")
+    args.checkpoint.validate()
     if args.checkpoint.save_interval is not None and args.checkpoint.save_interval < 1:
         raise ConfigError("--save-interval must be >= 1")
     if args.checkpoint.save_interval and not args.checkpoint.save:

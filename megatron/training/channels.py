@@ -13,6 +13,7 @@ from megatron.cc.compress import get_codec
 from megatron.cc.diagnostics import OrthogonalityProbe
 from megatron.cc.p2p import Link, PipelineChannels
 from megatron.cc.policy import BackwardCompressionPolicy
+from megatron.training.initialize import group_timeout
 from megatron.training.pipeline_codecs import attach_codecs
 from megatron.training.transports import data_parallel_group, pipeline_transport
 
@@ -92,7 +93,8 @@ def build_grad_sync(args, model, stats) -> GradSync:
     member = ps.is_pipeline_first_stage(ignore_virtual=True) or \
         ps.is_pipeline_last_stage(ignore_virtual=True)
     if fused:
-        group = create_fused_embedding_group(ps.get_tensor_model_parallel_rank(), member)
+        group = create_fused_embedding_group(ps.get_tensor_model_parallel_rank(), member,
+                                             timeout=group_timeout(args))
         return GradSync(dp, FusedEmbeddingSync(group, stats, args.dp))
     emb_group = ps.get_embedding_group(check_initialized=False) if member else None
     return GradSync(dp, EmbeddingSync(emb_group, stats))

@@ -10,9 +10,17 @@ both. `rank_{r}.pt` holds what differs between replicas: RNG states and every re
 component's state (codec error buffers, Q matrices, activation caches, counters). Components
 register with `CheckpointManager.register(name, obj)`; obj has state_dict()/load_state_dict().
 
-Atomicity: everything is written under iter_XXXXXXX.tmp/, then rank 0 renames the directory
+Atomicity: everything is written under iter_XXXXXXX.tmp/, each file with a sha256 next to it
+(checkpoint_io), then -- once every rank has written its files -- rank 0 renames the directory
 and replaces the `latest` file (write + os.replace). A save killed part-way leaves only a
 .tmp directory behind and `latest` still names the previous, complete checkpoint.
+
+--async-save: the files are snapshotted to host memory and written by a background thread
+(async_save); the commit above happens at the first iteration boundary where every rank's
+thread is done (one small all-reduce per iteration while a save is in flight). At most one
+save is in flight: the next one waits for it. --keep-last N deletes older checkpoints only
+after a newer one is committed. Loading verifies checksums and never unpickles code
+(checkpoint_io.safe_load, checkpoint_select).
 """
 import os
 import random
@@ -26,34 +34,27 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
 from megatron.training.checkpoint_match import check_state_matches
+from megatron.training.async_save import AsyncWriter, HostSnapshot
+from megatron.training.checkpoint_io import fsync_dir, safe_load, write_file
+from megatron.training.checkpoint_select import (  # noqa: F401  (re-exported for tools/)
+    LATEST, choose_checkpoint, committed_iterations, iter_dir, read_latest)
+from megatron.training.initialize import collective_device
 from megatron.training.model import global_param_names, unwrap
 
-LATEST = "latest_checkpointed_iteration.txt"
-CHECKPOINT_VERSION = 1
-
-
-def iter_dir(root: str, iteration: int) -> str:
-    return os.path.join(root, f"iter_{iteration:07d}")
+CHECKPOINT_VERSION = 2   # 2: per-file .sha256 checksums, loadable with weights_only=True
 
 
 def shard_dir_name(tp_rank: int, pp_rank: int) -> str:
     return f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
 
 
-def read_latest(root: str) -> int:
-    path = os.path.join(root, LATEST)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"--load {root}: no {LATEST}; is this a checkpoint directory?")
-    text = open(path).read().strip()
-    if not text.isdigit():
-        raise ValueError(f"--load {root}: {LATEST} holds '{text}', not an iteration number")
-    return int(text)
+def shard_file(root: str, iteration: int, tp_rank: int, pp_rank: int) -> str:
+    return os.path.join(iter_dir(root, iteration), shard_dir_name(tp_rank, pp_rank),
+                        "model_optim_rng.pt")
 
 
-def atomic_torch_save(obj, path: str) -> None:
-    tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def rank_file(root: str, iteration: int, rank: int) -> str:
+    return os.path.join(iter_dir(root, iteration), "rank_state", f"rank_{rank:05d}.pt")
 
 
 def atomic_write_text(path: str, text: str) -> None:
@@ -169,30 +170,35 @@ def set_rng_state(s: dict) -> None:
 
 # ---------------------------------------------------------------- manager
 
+def _print_rank(rank: int, msg: str) -> None:
+    if dist.get_rank() == rank % dist.get_world_size():
+        print(msg, flush=True)
+
+
 class CheckpointManager:
     def __init__(self, args, trainer):
         self.args = args
         self.trainer = trainer
         self.components: Dict[str, object] = {}
+        self.writer = AsyncWriter()
+        self.snapshot = HostSnapshot()
+        self.pending = None          # (root, iteration) of the async save in flight
+        self._cleaned = set()        # save roots whose stale .tmp dirs rank 0 has removed
 
     def register(self, name: str, component) -> None:
         """Add a component whose state_dict() goes into every process's rank file."""
         self.components[name] = component
 
-    def save(self, root: str) -> str:
+    # ------------------------------------------------------------ save
+    def _jobs(self, root: str) -> list:
+        """(state, path) of every file this rank writes for the current iteration."""
         t = self.trainer
-        final = iter_dir(root, t.iteration)
-        tmp = final + ".tmp"
-        if dist.get_rank() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(os.path.join(tmp, "rank_state"), exist_ok=True)
-        dist.barrier()
+        tmp = iter_dir(root, t.iteration) + ".tmp"
         tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        jobs = []
         if ps.get_data_parallel_rank() == 0:
-            shard = os.path.join(tmp, shard_dir_name(tp_rank, pp_rank))
-            os.makedirs(shard, exist_ok=True)
             by_name = _by_name_supported(t.optimizer)
-            atomic_torch_save({
+            jobs.append(({
                 "checkpoint_version": CHECKPOINT_VERSION,
                 "iteration": t.iteration,
                 "consumed_samples": t.consumed_samples,
@@ -206,33 +212,123 @@ class CheckpointManager:
                 "optimizer": None if by_name else t.optimizer.state_dict(),
                 "grad_scaler": grad_scaler_state(t.optimizer),
                 "opt_param_scheduler": t.scheduler.state_dict(),
-            }, os.path.join(shard, "model_optim_rng.pt"))
-        atomic_torch_save({
+            }, os.path.join(tmp, shard_dir_name(tp_rank, pp_rank), "model_optim_rng.pt")))
+        jobs.append(({
             "rng": rng_state(),
             "components": {k: c.state_dict() for k, c in self.components.items()},
-        }, os.path.join(tmp, "rank_state", f"rank_{dist.get_rank():05d}.pt"))
+        }, os.path.join(tmp, "rank_state", f"rank_{dist.get_rank():05d}.pt")))
+        return jobs
+
+    def save(self, root: str) -> str:
+        """Save the current iteration (collective); with --async-save, return once snapshotted."""
+        t, c = self.trainer, self.args.checkpoint
+        self.finalize(blocking=True)   # at most one save in flight
+        tmp = iter_dir(root, t.iteration) + ".tmp"
+        if dist.get_rank() == 0:
+            self._remove_stale_tmp(root)
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(os.path.join(tmp, "rank_state"), exist_ok=True)
+        dist.barrier()
+        jobs = self._jobs(root)
+        for _, path in jobs:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        if c.async_save:
+            self.writer.submit([(self.snapshot(obj), path) for obj, path in jobs])
+            self.pending = (root, t.iteration)
+            return iter_dir(root, t.iteration)
+        for obj, path in jobs:
+            write_file(obj, path)
+        self._commit(root, t.iteration)
+        return iter_dir(root, t.iteration)
+
+    def finalize(self, blocking: bool) -> bool:
+        """Commit the async save in flight once every rank has written it (collective).
+
+        Returns True when nothing is in flight afterwards. Called every iteration (cheap when
+        idle: no collective) and with blocking=True before a save, a load or the exit.
+        """
+        if self.pending is None:
+            return True
+        error = None
+        try:
+            done = self.writer.wait() if blocking else self.writer.poll()
+        except RuntimeError as e:
+            done, error = True, e
+        state = torch.tensor([-1 if error else int(done)], dtype=torch.int32,
+                             device=collective_device())
+        dist.all_reduce(state, op=dist.ReduceOp.MIN)   # sync point, only while a save is in flight
+        if state.item() < 0:
+            root, iteration = self.pending
+            self.pending = None
+            raise error or RuntimeError(f"asynchronous save of iteration {iteration} to {root} "
+                                        f"failed on another rank; `latest` is unchanged")
+        if state.item() == 0:
+            return False
+        root, iteration = self.pending
+        self.pending = None
+        self._commit(root, iteration)
+        return True
+
+    def _commit(self, root: str, iteration: int) -> None:
+        """Every rank's files are on disk: make the checkpoint the latest (collective)."""
         dist.barrier()
         if dist.get_rank() == 0:
+            final = iter_dir(root, iteration)
             if os.path.exists(final):  # re-saving the same iteration: replace it whole
                 shutil.rmtree(final)
-            os.replace(tmp, final)
-            atomic_write_text(os.path.join(root, LATEST), str(t.iteration))
+            os.replace(final + ".tmp", final)
+            fsync_dir(root)
+            atomic_write_text(os.path.join(root, LATEST), str(iteration))
+            self._prune(root)
         dist.barrier()
-        if dist.get_rank() == dist.get_world_size() - 1:
-            print(f"  saved checkpoint at iteration {t.iteration:7d} to {root}", flush=True)
-        return final
+        _print_rank(-1, f"  saved checkpoint at iteration {iteration:7d} to {root}")
+
+    def _prune(self, root: str) -> None:
+        """--keep-last N: drop older committed checkpoints (the new one is already latest)."""
+        keep = self.args.checkpoint.keep_last
+        if not keep:
+            return
+        for iteration in committed_iterations(root)[keep:]:
+            shutil.rmtree(iter_dir(root, iteration), ignore_errors=True)
+
+    def _remove_stale_tmp(self, root: str) -> None:
+        """Unfinished saves of an earlier, killed process (never one of ours in flight)."""
+        if root in self._cleaned or not os.path.isdir(root):
+            self._cleaned.add(root)
+            return
+        for d in os.listdir(root):
+            if d.startswith("iter_") and d.endswith(".tmp"):
+                shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+        self._cleaned.add(root)
+
+    # ------------------------------------------------------------ load
+    def _files_to_read(self, root: str, iteration: int) -> list:
+        tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        files = [shard_file(root, iteration, tp_rank, pp_rank)]
+        mine = rank_file(root, iteration, dist.get_rank())
+        return files + ([mine] if os.path.isfile(mine) else [])
 
     def load(self, root: str) -> None:
+        """Resume from the checkpoint in `root` that verifies (collective); none: from scratch."""
+        c = self.args.checkpoint
+        self.finalize(blocking=True)
+        iteration = choose_checkpoint(root, lambda it: self._files_to_read(root, it),
+                                      c.ckpt_fallback, log=lambda m: _print_rank(0, m))
+        if iteration is None:
+            _print_rank(0, f"WARNING: --load {root} holds no checkpoint (no {LATEST}); "
+                           f"training starts from scratch")
+            return
+        self._load_iteration(root, iteration)
+
+    def _load_iteration(self, root: str, iteration: int) -> None:
         t, c = self.trainer, self.args.checkpoint
-        iteration = read_latest(root)
         tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
-        path = os.path.join(iter_dir(root, iteration), shard_dir_name(tp_rank, pp_rank),
-                            "model_optim_rng.pt")
+        path = shard_file(root, iteration, tp_rank, pp_rank)
         if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"--load {root}: {path} is missing. The checkpoint was saved with a different "
                 f"tp/pp layout or is incomplete; reshard it with tools/checkpoint/reshard.py")
-        sd = torch.load(path, map_location="cpu", weights_only=False)
+        sd = safe_load(path, c.trust_checkpoint)
         layout = sd["layout"]
         if (layout["tp"], layout["pp"]) != (self.args.tp, self.args.pp):
             raise ValueError(f"--load {root}: saved at tp={layout['tp']} pp={layout['pp']}, "
@@ -256,17 +352,15 @@ class CheckpointManager:
                 raise ValueError(f"--load {root}: this checkpoint holds weights only (e.g. made "
                                  f"by tools/checkpoint/import_hf.py); load it with --finetune")
             t.scheduler.load_state_dict(sd["opt_param_scheduler"])
-        rank_file = os.path.join(iter_dir(root, iteration), "rank_state",
-                                 f"rank_{dist.get_rank():05d}.pt")
-        if os.path.isfile(rank_file):
-            rs = torch.load(rank_file, map_location="cpu", weights_only=False)
+        mine = rank_file(root, iteration, dist.get_rank())
+        if os.path.isfile(mine):
+            rs = safe_load(mine, c.trust_checkpoint)
             if not c.no_load_rng:
                 set_rng_state(rs["rng"])
             for name, comp in self.components.items():
                 if name in rs["components"]:
                     comp.load_state_dict(rs["components"][name])
         elif dist.get_rank() == 0:
-            print(f"  note: {rank_file} not found (different world size?); RNG and codec "
+            print(f"  note: {mine} not found (different world size?); RNG and codec "
                   f"state start fresh", flush=True)
-        if dist.get_rank() == dist.get_world_size() - 1:
-            print(f"  loaded checkpoint from {root} at iteration {iteration}", flush=True)
+        _print_rank(-1, f"  loaded checkpoint from {root} at iteration {iteration}")

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
-from megatron.training import cpu_shim
+from megatron.training import cpu_shim, rendezvous
 from megatron.training.device import check_backend, rank_device
 
 
@@ -23,15 +23,26 @@ def initialize_distributed(args) -> None:
     else:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend=backend,
-            timeout=datetime.timedelta(minutes=args.parallel.distributed_timeout_minutes))
+        rendezvous.init_process_group(backend, group_timeout(args))
     if dist.get_world_size() != args.world_size:
         raise RuntimeError(f"WORLD_SIZE={args.world_size} but the process group has "
                            f"{dist.get_world_size()} ranks")
-    ps.initialize_model_parallel(tensor_model_parallel_size=args.tp,
-                                 pipeline_model_parallel_size=args.pp)
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
+        distributed_timeout_minutes=args.parallel.distributed_timeout_minutes)
     set_seeds(args.training.seed)
+
+
+def group_timeout(args) -> datetime.timedelta:
+    """--distributed-timeout-minutes, for every group we create (torch's default is 30 min)."""
+    return datetime.timedelta(minutes=args.parallel.distributed_timeout_minutes)
+
+
+def collective_device() -> torch.device:
+    """Where a small collective operand (a flag, a count) must live for the default group."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def set_seeds(seed: int) -> None:

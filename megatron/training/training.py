@@ -33,6 +33,7 @@ from megatron.training.config_flags import ConfigError
 from megatron.training.device import rank_device, to_device
 from megatron.training.mixed_precision import loss_scale_field, loss_scaler, loss_scaling
 from megatron.training.model import build_gpt_model, transformer_config, unwrap
+from megatron.training.signals import ExitSignal
 from megatron.training.tokenizer import build_tokenizer
 
 
@@ -112,6 +113,8 @@ class Trainer:
         self.ckpt.register("grad_sync", self.grad_sync)
         self.loss_history: List[float] = []
         self.valid_history: List[tuple] = []
+        self.exit_signal = ExitSignal() if args.checkpoint.exit_signal_handler else None
+        self.exit_requested = False
         if args.checkpoint.load:
             self.ckpt.load(args.checkpoint.load)
 
@@ -276,9 +279,16 @@ class Trainer:
                 self.ckpt.save(a.checkpoint.save)
             if a.checkpoint.exit_interval and self.iteration % a.checkpoint.exit_interval == 0:
                 break
+            self.ckpt.finalize(blocking=False)   # commit a finished --async-save
+            if self.exit_signal is not None and self.exit_signal.requested():
+                self.exit_requested = True
+                print_rank_0(f" {self.exit_signal.name} received: saving iteration "
+                             f"{self.iteration} and exiting")
+                break
         if a.checkpoint.save and (not a.checkpoint.save_interval
                                   or self.iteration % a.checkpoint.save_interval):
             self.ckpt.save(a.checkpoint.save)
+        self.ckpt.finalize(blocking=True)
 
     def log(self, metrics: Dict[str, float], elapsed: float, iters: int) -> None:
         a = self.args
@@ -342,6 +352,8 @@ class Trainer:
     def final_evaluate(self) -> None:
         """Validation after the last iteration, unless the loop just ran it."""
         interval = self.args.logging.eval_interval
+        if self.exit_requested:
+            return   # pre-empted: the grace period is for the checkpoint, not for validation
         if not interval or self.iteration % interval:
             self.evaluate()
 

@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "gptj); default: the family the checkpoint's model flags describe.")
     add_tokenizer_flags(p, purpose="saved with the model; default: the checkpoint's")
     p.add_argument("--no-progress", action="store_true", help="Hide the progress bars.")
+    p.add_argument("--trust-checkpoint", action="store_true", help="Unpickle the shards "
+                   "fully (weights_only=False): only for files you made yourself.")
     return p
 
 
@@ -78,9 +80,10 @@ def build_hf_model(full: FullCheckpoint, tokenizer, dtype: torch.dtype = torch.f
 
 
 def export(load: str, output: str, tokenizer_flags=None, iteration=None,
-           dtype: str = "float32", progress: bool = False, model_type=None) -> str:
+           dtype: str = "float32", progress: bool = False, model_type=None,
+           trust: bool = False) -> str:
     """Write the Hugging Face directory; returns its path."""
-    full = merge(read_checkpoint(load, iteration, progress), progress)
+    full = merge(read_checkpoint(load, iteration, progress, trust), progress)
     # Before anything else: the answer does not depend on the tokenizer.
     for_model_args(full.model_args, model_type)
     tokenizer = build_tokenizer_from(tokenizer_flags or argparse.Namespace(), full.args,
@@ -104,7 +107,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     try:
         out = export(a.load, a.output, a, a.iteration, a.dtype, progress=not a.no_progress,
-                     model_type=a.hf_model_type)
+                     model_type=a.hf_model_type, trust=a.trust_checkpoint)
     except (CheckpointError, ConversionError, ValueError) as e:
         return fail(str(e))
     print(f"wrote Hugging Face model to {out} in {time.time() - t0:.1f}s")

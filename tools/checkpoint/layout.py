@@ -37,6 +37,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from megatron.training.checkpoint_io import (
+    CheckpointLoadError, safe_load, verify_file, write_file)
 from megatron.training.checkpointing import (
     CHECKPOINT_VERSION, LATEST, atomic_write_text, iter_dir, read_latest, shard_dir_name)
 from megatron.training.model import is_glu_fc1
@@ -178,12 +180,19 @@ def _progress(iterable, desc: str, show: bool, unit: str = "shard"):
     return tqdm(iterable, desc=desc, file=sys.stderr, unit=unit, leave=False)
 
 
-def load_shard_file(path: str) -> dict:
-    """torch.load a model_optim_rng.pt, turning every failure into a CheckpointError naming it."""
+def load_shard_file(path: str, trust: bool = False) -> dict:
+    """Load a model_optim_rng.pt (checksum verified, weights_only unless `trust`), turning
+    every failure into a CheckpointError naming it."""
     if not os.path.isfile(path):
         raise CheckpointError(f"missing shard {path}")
+    problem = verify_file(path)
+    if problem:
+        raise CheckpointError(f"{problem}; re-save it from training or use another iteration "
+                              f"(--iteration)")
     try:
-        sd = torch.load(path, map_location="cpu", weights_only=False)
+        sd = safe_load(path, trust)
+    except CheckpointLoadError as e:
+        raise CheckpointError(str(e)) from None
     except Exception as e:  # zip, pickle, EOF, unicode: all mean "unreadable"
         raise CheckpointError(f"{path} is corrupt or truncated and cannot be loaded "
                               f"({type(e).__name__}: {e}); re-save it from training or use "
@@ -196,9 +205,11 @@ def load_shard_file(path: str) -> dict:
     return sd
 
 
-def read_checkpoint(root: str, iteration: Optional[int] = None, progress: bool = False
-                    ) -> ShardedCheckpoint:
-    """Load every shard of `iteration` (default: the latest) and check they form one layout."""
+def read_checkpoint(root: str, iteration: Optional[int] = None, progress: bool = False,
+                    trust: bool = False) -> ShardedCheckpoint:
+    """Load every shard of `iteration` (default: the latest) and check they form one layout.
+
+    `trust`: unpickle without weights_only (--trust-checkpoint; only for your own files)."""
     if not os.path.isdir(root):
         raise CheckpointError(f"--load {root} is not a directory")
     if iteration is None:
@@ -212,7 +223,7 @@ def read_checkpoint(root: str, iteration: Optional[int] = None, progress: bool =
     found = sorted(d for d in os.listdir(idir) if d.startswith("mp_rank_"))
     if not found:
         raise CheckpointError(f"{idir} holds no mp_rank_* shard directories")
-    first = load_shard_file(os.path.join(idir, found[0], MODEL_FILE))
+    first = load_shard_file(os.path.join(idir, found[0], MODEL_FILE), trust)
     tp, pp = first["layout"]["tp"], first["layout"]["pp"]
     expected = {shard_dir_name(t, p): (t, p) for p in range(pp) for t in range(tp)}
     missing = [os.path.join(idir, d, MODEL_FILE) for d in expected if d not in found]
@@ -225,7 +236,8 @@ def read_checkpoint(root: str, iteration: Optional[int] = None, progress: bool =
                               f"but {', '.join(strays)} lie outside it")
     shards = {}
     for name in _progress(sorted(expected), "reading shards", progress):
-        sd = first if name == found[0] else load_shard_file(os.path.join(idir, name, MODEL_FILE))
+        sd = first if name == found[0] else load_shard_file(os.path.join(idir, name, MODEL_FILE),
+                                                           trust)
         lay = sd["layout"]
         if (lay["tp"], lay["pp"]) != (tp, pp) or (lay["tp_rank"], lay["pp_rank"]) != expected[name]:
             raise CheckpointError(
@@ -449,7 +461,7 @@ def write_checkpoint(root: str, shards: Dict[Tuple[int, int], dict], progress: b
         for (t, p), sd in _progress(sorted(shards.items()), "writing shards", progress):
             d = os.path.join(tmp, shard_dir_name(t, p))
             os.makedirs(d, exist_ok=True)
-            torch.save(sd, os.path.join(d, MODEL_FILE))
+            write_file(sd, os.path.join(d, MODEL_FILE))   # with its .sha256
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

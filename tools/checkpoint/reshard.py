@@ -55,15 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--true-vocab-size", type=int, default=None, help="The tokenizer's "
                    "vocabulary size, instead of building the tokenizer.")
     p.add_argument("--no-progress", action="store_true", help="Hide the progress bars.")
+    p.add_argument("--trust-checkpoint", action="store_true", help="Unpickle the shards "
+                   "fully (weights_only=False): only for files you made yourself.")
     return p
 
 
 def reshard(load: str, save: str, tp: int, pp: int, iteration=None, vocab_size=None,
-            with_optimizer: bool = True, progress: bool = False, tokenizer_flags=None) -> str:
+            with_optimizer: bool = True, progress: bool = False, tokenizer_flags=None,
+            trust: bool = False) -> str:
     """Read `load`, write it to `save` at (tp, pp); returns the new iteration directory."""
     if os.path.realpath(load) == os.path.realpath(save):
         raise CheckpointError(f"--save {save} is the --load directory; write somewhere else")
-    full = merge(read_checkpoint(load, iteration, progress), progress)
+    full = merge(read_checkpoint(load, iteration, progress, trust), progress)
     if vocab_size is None and full.vocab_size is None:
         # The padded size at the new tp may depend on the exact vocabulary size.
         vocab_size = tokenizer_vocab_size(tokenizer_flags or argparse.Namespace(), full.args)
@@ -82,7 +85,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     try:
         out = reshard(a.load, a.save, a.tp, a.pp, a.iteration, a.true_vocab_size,
-                      not a.no_optimizer, progress=not a.no_progress, tokenizer_flags=a)
+                      not a.no_optimizer, progress=not a.no_progress, tokenizer_flags=a,
+                      trust=a.trust_checkpoint)
     except (CheckpointError, ValueError) as e:
         return fail(str(e))
     print(f"wrote {out} (tp={a.tp} pp={a.pp}) in {time.time() - t0:.1f}s")

@@ -30,20 +30,21 @@ from megatron.cc.grad_sync.sync import grad_reduce_factor, shared_embedding_weig
 from megatron.cc.stats import ChannelStats
 
 
-def create_fused_embedding_group(tp_rank: int, member: bool):
+def create_fused_embedding_group(tp_rank: int, member: bool, timeout=None):
     """Create one group per TP rank: {first and last pipeline stage of every replica}.
 
     Collective over the default group: every rank calls it once, after megatron's
     initialize_model_parallel, and all groups are created on all ranks in the same order.
     `member`: this rank is on the first or last pipeline stage. Returns this rank's group, or
-    None for middle stages.
+    None for middle stages. `timeout` (a timedelta): the groups' collective timeout; None is
+    torch's default (30 min), not the default group's.
     """
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (tp_rank, bool(member)))
     mine = None
     for t in sorted({t for t, _ in everyone}):
         ranks = [r for r, (tr, m) in enumerate(everyone) if tr == t and m]
-        group = dist.new_group(ranks)
+        group = dist.new_group(ranks, timeout=timeout)
         if t == tp_rank and member:
             mine = group
     return mine

@@ -5,6 +5,7 @@ import shutil
 import pytest
 import torch
 
+from megatron.training.checkpoint_io import write_file
 from tools.checkpoint import export_hf, import_hf, reshard, val_ppl
 from tools.checkpoint.gpt2_mapping import unsupported_features
 
@@ -36,9 +37,9 @@ def _rewrite_args(ck, change):
     for sub in os.listdir(_iter_dir(ck)):
         if sub.startswith("mp_rank_"):
             path = os.path.join(_iter_dir(ck), sub, "model_optim_rng.pt")
-            sd = torch.load(path, weights_only=False)
+            sd = torch.load(path, weights_only=True)
             change(sd["args"])
-            torch.save(sd, path)
+            write_file(sd, path)   # a consistent file: the tool must refuse its content
 
 
 def _reshard_argv(ck, tmp_path):
@@ -69,7 +70,9 @@ def test_shard_from_another_layout_in_the_directory(ck, ckpts, tmp_path, capsys)
 
 def test_shard_file_of_another_layout(ck, ckpts, tmp_path, capsys):
     other = os.path.join(ckpts["ck14"], "iter_0000003", "mp_rank_00_001", "model_optim_rng.pt")
-    shutil.copy(other, os.path.join(_iter_dir(ck), "mp_rank_00_001", "model_optim_rng.pt"))
+    for suffix in ("", ".sha256"):   # a consistent file, checksum included
+        shutil.copy(other + suffix, os.path.join(_iter_dir(ck), "mp_rank_00_001",
+                                                 "model_optim_rng.pt" + suffix))
     _refused(capsys, reshard.main, _reshard_argv(ck, tmp_path), "mismatched layouts",
              "says tp=1 pp=4")
 
@@ -79,7 +82,39 @@ def test_corrupt_file(ck, tmp_path, capsys):
     data = open(path, "rb").read()
     with open(path, "wb") as f:
         f.write(data[: len(data) // 2])   # a save cut short
+    _refused(capsys, reshard.main, _reshard_argv(ck, tmp_path), "is truncated", path)
+    os.remove(path + ".sha256")          # no checksum to compare: unpickling still fails
     _refused(capsys, reshard.main, _reshard_argv(ck, tmp_path), "corrupt or truncated", path)
+
+
+def test_flipped_byte_fails_the_checksum(ck, tmp_path, capsys):
+    path = os.path.join(_iter_dir(ck), "mp_rank_00_001", "model_optim_rng.pt")
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x01   # silent corruption: same size, still unpicklable
+    open(path, "wb").write(bytes(data))
+    _refused(capsys, reshard.main, _reshard_argv(ck, tmp_path), "is corrupt", "sha256", path)
+
+
+def test_pickle_that_runs_code_is_refused(ck, tmp_path, capsys):
+    """A shard whose pickle calls a function: refused by weights_only, the code never runs."""
+    marker = tmp_path / "ran"
+    path = os.path.join(_iter_dir(ck), "mp_rank_00_000", "model_optim_rng.pt")
+    sd = torch.load(path, weights_only=True)
+    sd["model"]["evil"] = _RunsCode(str(marker))
+    write_file(sd, path)   # with a valid checksum: the attacker controls both files
+    _refused(capsys, reshard.main, _reshard_argv(ck, tmp_path), "needs arbitrary unpickling",
+             "--trust-checkpoint", path)
+    _refused(capsys, export_hf.main, ["--load", ck, "--output", str(tmp_path / "hf")],
+             "needs arbitrary unpickling")
+    assert not marker.exists()
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):   # unpickling calls open(marker, "w"): visible if it ever runs
+        return (open, (self.marker, "w"))
 
 
 def test_not_a_checkpoint_directory(tmp_path, capsys):

@@ -1,0 +1,44 @@
+"""Which checkpoint --load picks: empty -> None, bad latest -> refused naming the file, or
+--ckpt-fallback -> the newest earlier one that verifies, with a warning (one gloo rank)."""
+import os
+
+import torch
+
+from tests.distributed import run_distributed
+
+
+def _worker(rank, world, root):
+    from megatron.training.checkpoint_io import CheckpointLoadError, write_file
+    from megatron.training.checkpoint_select import LATEST, choose_checkpoint, iter_dir
+
+    def files(it):
+        return [os.path.join(iter_dir(root, it), "model_optim_rng.pt")]
+
+    out = {"empty": choose_checkpoint(root, files, fallback=False)}
+    for it in (2, 4):
+        os.makedirs(iter_dir(root, it))
+        write_file({"w": torch.full((64,), float(it))}, files(it)[0])
+    os.makedirs(iter_dir(root, 6) + ".tmp")                # an unfinished save: never a candidate
+    open(os.path.join(root, LATEST), "w").write("4")
+    out["good"] = choose_checkpoint(root, files, fallback=False)
+    with open(files(4)[0], "r+b") as f:                   # flip one byte of the latest
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 1]))
+    try:
+        choose_checkpoint(root, files, fallback=False)
+    except CheckpointLoadError as e:
+        out["refused"] = str(e)
+    logs = []
+    out["fallback"] = choose_checkpoint(root, files, fallback=True, log=logs.append)
+    out["logs"] = logs
+    return out
+
+
+def test_choose_checkpoint(tmp_path):
+    out = run_distributed(_worker, 1, (str(tmp_path / "ck"),), timeout=120)[0]
+    assert out["empty"] is None and out["good"] == 4 and out["fallback"] == 2
+    assert "iter_0000004/model_optim_rng.pt is corrupt" in out["refused"]
+    assert "--ckpt-fallback" in out["refused"]
+    assert len(out["logs"]) == 1 and "trying iteration 2" in out["logs"][0]
