@@ -115,6 +115,9 @@ class TrainingArgs:
     adam_beta2: float = flag(0.999, "Adam beta2.")
     adam_eps: float = flag(1e-8, "Adam epsilon.")
     seed: int = flag(1234, "Random seed. Initial weights depend on it alone, not on the split.")
+    optimizer: str = flag("adam", "Optimizer (AdamW, or SGD with --sgd-momentum).",
+                          choices=["adam", "sgd"])
+    sgd_momentum: float = flag(0.9, "Momentum of --optimizer sgd.")
 
     def validate(self, dp: int) -> None:
         if self.micro_batch_size < 1 or self.global_batch_size < 1 or self.train_iters < 1:
@@ -296,6 +299,9 @@ def validate_args(args: Args) -> None:
         raise ConfigError("--save-interval needs --save DIR")
     if args.pp > 1 and args.num_microbatches < 1:
         raise ConfigError("need at least one micro-batch per iteration")
+    if (args.model.fp16 or args.model.bf16) and args.compression.syncs_parameters:
+        raise ConfigError(f"--dp-mode {args.compression.dp_mode} exchanges fp32 parameters and "
+                          f"does not support --fp16/--bf16 yet; train in fp32")
     if args.model.fp16 or args.model.bf16:
         import torch
         if not torch.cuda.is_available():

@@ -117,7 +117,7 @@ class Trainer:
     def _build_optimizer(self):
         a, m = self.args.training, self.args.model
         opt_config = OptimizerConfig(
-            optimizer="adam", lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay,
+            optimizer=a.optimizer, sgd_momentum=a.sgd_momentum, lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay,
             adam_beta1=a.adam_beta1, adam_beta2=a.adam_beta2, adam_eps=a.adam_eps,
             clip_grad=a.clip_grad, bf16=m.bf16, fp16=m.fp16,
             params_dtype=self.config.params_dtype)
@@ -203,6 +203,7 @@ class Trainer:
         step = self.forward_backward(self.train_ds, self.consumed_samples % self.epoch_samples)
         self.grad_sync(self.model, self.iteration)
         ok, grad_norm, _ = self.optimizer.step()
+        self.grad_sync.after_optimizer_step(self.model, self.iteration)  # parameter-syncing dp modes
         self.scheduler.step(increment=1)
         self.iteration += 1
         self.consumed_samples += self.batches.global_batch_size
@@ -241,6 +242,7 @@ class Trainer:
         if a.checkpoint.save and (not a.checkpoint.save_interval
                                   or self.iteration % a.checkpoint.save_interval):
             self.ckpt.save(a.checkpoint.save)
+        self.grad_sync.flush(self.model)  # after the save: a resumed run applies it itself
 
     def log(self, metrics: Dict[str, float], elapsed: float, iters: int) -> None:
         a = self.args

@@ -65,10 +65,11 @@ class CocktailCodec(Codec):
         k = min(n_rand, max(1, math.floor(self.topk_ratio * n_rand + 0.5))) if n_rand else 0
         return n_rand, k
 
-    def random_indices(self, numel: int, step: int) -> torch.Tensor:
+    def random_indices(self, numel: int, step: int, device=None) -> torch.Tensor:
         """(n_rand,) int64 positions of the rolling subset at this step (may end past numel)."""
         offset = (self.seed + step) % self.stride
-        return offset + self.stride * torch.arange(self.sizes(numel)[0], dtype=torch.long)
+        return offset + self.stride * torch.arange(self.sizes(numel)[0], dtype=torch.long,
+                                                   device=device)
 
     def flat_spec(self, numel: int):
         n_rand, k = self.sizes(numel)
@@ -84,14 +85,14 @@ class CocktailCodec(Codec):
         flat = x.reshape(-1)
         numel = flat.numel()
         n_rand, k = self.sizes(numel)
-        idx = self.random_indices(numel, step)
+        idx = self.random_indices(numel, step, flat.device)
         valid = idx < numel
-        vals = torch.zeros(n_rand)
+        vals = flat.new_zeros(n_rand, dtype=torch.float32)
         vals[valid] = flat[idx[valid]].float()
         mag = vals.abs()
         mag[~valid] = -1.0  # pads lose against every real entry
         keep = mag.topk(k, sorted=False).indices.sort().values
-        mask = torch.zeros(n_rand, dtype=torch.uint8)
+        mask = flat.new_zeros(n_rand, dtype=torch.uint8)
         mask[keep] = 1
         codes, scales = quantize(vals[keep], self.bits, "bucket", self.bucket_size,
                                  self.scale_dtype, self.generator)
@@ -103,11 +104,11 @@ class CocktailCodec(Codec):
         mask = unpack_bits(payload[0], 1, n_rand).bool()
         codes = unpack_bits(payload[1], self.bits, k)
         vals = dequantize(codes, payload[2], self.bits, (k,), "bucket", self.bucket_size)
-        idx = self.random_indices(numel, step)[mask]
+        idx = self.random_indices(numel, step, mask.device)[mask]
         if idx.numel() != k:
             raise ValueError(f"cocktail mask has {idx.numel()} set bits, expected {k}")
         real = idx < numel
-        out = torch.zeros(numel, dtype=torch.float32)
+        out = vals.new_zeros(numel)
         out[idx[real]] = vals[real]
         return out.to(dtype)
 

@@ -1,0 +1,54 @@
+"""Wiring of the parameter-syncing dp modes (--dp-mode cocktail_sgd | diloco | preduce | adpsgd).
+
+They exchange parameters after the optimizer step (GradSync.after_optimizer_step); before it
+the dp channel sends nothing, and the emb channel sums the tied embedding gradient between the
+first and last stage of each replica (--emb-comm-opt has no dp all-reduce to fuse with here,
+so the plain embedding sync is used).
+"""
+from megatron.core import parallel_state as ps
+
+from megatron.cc.grad_sync import EmbeddingSync, GradSync
+from megatron.cc.grad_sync.cocktail import CocktailSGDSync
+from megatron.cc.grad_sync.diloco import DiLoCoSync
+from megatron.cc.grad_sync.flat_codecs import make_flat_codec
+from megatron.cc.grad_sync.groups import clone_groups
+from megatron.cc.grad_sync.hetero import HeteroDelay
+from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
+
+
+def build_exchange(args, group, name: str) -> ShardedExchange:
+    c, seed = args.compression, args.training.seed
+
+    def codec(s):
+        return make_flat_codec(name, seed=s, stochastic=c.stochastic_rounding, bits=c.cocktail_bits,
+                               random_ratio=c.cocktail_random_ratio,
+                               topk_ratio=c.cocktail_topk_ratio, bucket_size=c.cocktail_bucket_size)
+    # the rolling mask depends on the seed: equal on every replica, for both phases
+    return ShardedExchange(group, codec(seed), codec(seed))
+
+
+def build_dp_mode_sync(args, model, stats) -> GradSync:
+    c = args.compression
+    mode = c.dp_mode_name
+    dp_group = ps.get_data_parallel_group()
+    if mode == "cocktail_sgd":
+        overlap = not c.cocktail_no_overlap
+        group = clone_groups(dp_group, c.dp_backend) if overlap or c.dp_backend else dp_group
+        dp = CocktailSGDSync(dp_group, stats, build_exchange(args, group, "cocktail"),
+                             warmup_steps=c.cocktail_warmup_steps, overlap=overlap)
+    elif mode == "diloco":
+        exchange = None
+        if c.diloco_compression != "none":
+            group = clone_groups(dp_group, c.dp_backend) if c.dp_backend else dp_group
+            exchange = build_exchange(args, group, c.diloco_compression)
+        dp = DiLoCoSync(dp_group, stats, c.diloco_inner_steps, c.diloco_outer_lr,
+                        c.diloco_outer_momentum, exchange, c.diloco_fragments)
+    else:
+        from megatron.training.dp_gossip import build_gossip_sync
+        dp = build_gossip_sync(args, dp_group, stats)
+    if c.hetero:
+        dp = HeteroDelay(dp, c.hetero, args.training.seed, ps.get_data_parallel_rank())
+    member = ps.is_pipeline_first_stage(ignore_virtual=True) or \
+        ps.is_pipeline_last_stage(ignore_virtual=True)
+    emb_group = ps.get_embedding_group(check_initialized=False) if member else None
+    return GradSync(dp, EmbeddingSync(emb_group, stats))
