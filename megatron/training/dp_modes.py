@@ -13,7 +13,21 @@ from megatron.cc.grad_sync.diloco import DiLoCoSync
 from megatron.cc.grad_sync.flat_codecs import make_flat_codec
 from megatron.cc.grad_sync.groups import clone_groups
 from megatron.cc.grad_sync.hetero import HeteroDelay
+from megatron.cc.grad_sync.preduce import ADPSGDSync, PartialReduceSync
 from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
+
+
+def job_store():
+    """The default store under a prefix unique to this Trainer (collective: rank 0 picks it).
+
+    Several trainers may run one after the other in one process group (tests): each gets
+    fresh scheduler keys.
+    """
+    import uuid
+    import torch.distributed as dist
+    tag = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(tag, src=0)
+    return dist.PrefixStore(f"dp_preduce/{tag[0]}/", dist.distributed_c10d._get_default_store())
 
 
 def build_exchange(args, group, name: str) -> ShardedExchange:
@@ -43,9 +57,13 @@ def build_dp_mode_sync(args, model, stats) -> GradSync:
             exchange = build_exchange(args, group, c.diloco_compression)
         dp = DiLoCoSync(dp_group, stats, c.diloco_inner_steps, c.diloco_outer_lr,
                         c.diloco_outer_momentum, exchange, c.diloco_fragments)
+    elif mode == "preduce":
+        decider = ps.get_pipeline_model_parallel_rank() == 0 and \
+            ps.get_tensor_model_parallel_rank() == 0
+        dp = PartialReduceSync(dp_group, stats, job_store(), decider, c.ssp_bound,
+                               args.training.train_iters)
     else:
-        from megatron.training.dp_gossip import build_gossip_sync
-        dp = build_gossip_sync(args, dp_group, stats)
+        dp = ADPSGDSync(dp_group, stats, args.training.seed)
     if c.hetero:
         dp = HeteroDelay(dp, c.hetero, args.training.seed, ps.get_data_parallel_rank())
     member = ps.is_pipeline_first_stage(ignore_virtual=True) or \

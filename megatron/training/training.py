@@ -215,6 +215,8 @@ class Trainer:
         if not ps.is_pipeline_last_stage():
             return float("nan")
         value = torch.stack(losses).mean().reshape(1)
+        if not self.grad_sync.lockstep:  # preduce/adpsgd: no dp barrier; the replica's own loss
+            return value.item()
         dist.all_reduce(value, group=ps.get_data_parallel_group())
         return value.item() / ps.get_data_parallel_world_size()
 

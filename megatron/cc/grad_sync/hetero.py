@@ -15,6 +15,10 @@ class HeteroDelay:
         self.rng = random.Random(seed * 1000003 + dp_rank)
         self._t_end = None   # when the previous dp phase ended: compute starts there
 
+    @property
+    def lockstep(self) -> bool:
+        return getattr(self.dp, "lockstep", True)
+
     def __call__(self, model, iteration: int) -> None:
         now = time.perf_counter()
         u = self.rng.random()

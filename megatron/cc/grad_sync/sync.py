@@ -144,6 +144,11 @@ class GradSync:
         self.dp(model, iteration)
         self.emb(model, iteration)
 
+    @property
+    def lockstep(self) -> bool:
+        """False when replicas may be at different iterations (preduce, adpsgd)."""
+        return getattr(self.dp, "lockstep", True)
+
     def after_optimizer_step(self, model, iteration: int) -> None:
         """Parameter-syncing dp modes (cocktail, diloco, preduce, adpsgd) act here."""
         hook = getattr(self.dp, "after_optimizer_step", None)
