@@ -136,10 +136,24 @@ def main():
                    help="directory of dp_modes.md, .json and dp_modes_loss.png")
     p.add_argument("--replot", action="store_true",
                    help="redraw the table and plot from dp_modes.json in --out and exit")
+    p.add_argument("--merge", nargs="*", default=[],
+                   help="with --replot: also take the runs of these dp_modes.json files (e.g. "
+                        "from a second invocation with another --out); later files win")
     a = p.parse_args()
     raw = os.path.join(a.out, "dp_modes.json")
     if a.replot:
         iters, runs = load(raw)
+        for path in a.merge:
+            more_iters, more = load(path)
+            if more_iters != iters:
+                p.error(f"--merge {path}: {more_iters} iterations, {raw} has {iters}")
+            names = {r.name for r in more}
+            runs = [r for r in runs if r.name not in names] + more
+        order = list(RUNS)
+        runs.sort(key=lambda r: order.index(r.name) if r.name in order else len(order))
+        if a.merge:
+            atomic_write_text(raw, json.dumps({"iters": iters, "runs": [
+                {k: v for k, v in dataclasses.asdict(x).items() if k in KEEP} for x in runs]}))
     else:
         names = [n for n in a.runs.split(",") if n]
         unknown = [n for n in names if n not in RUNS]

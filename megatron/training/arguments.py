@@ -157,6 +157,11 @@ class DataArgs:
     merge_file: Optional[str] = flag(None, "GPT-2 merges.txt (GPT2BPETokenizer).")
     tokenizer_model: Optional[str] = flag(None, "Local tokenizer directory (HuggingFaceTokenizer).")
     data_cache_path: Optional[str] = flag(None, "Where GPTDataset caches its index files.")
+    task_name: Optional[str] = flag(
+        None, "Fine-tuning data (CocktailSGD / AC-SGD spelling of a weighted --data-path): "
+              "comma-separated jsonl files or .bin/.idx prefixes with optional sampling weights, "
+              "'a.jsonl:0.5,b.jsonl:1.0' (normalised). A jsonl is tokenised on the fly into "
+              "--data-cache-path (or next to it) when no up-to-date .bin/.idx exists.")
     repeat_epoch: bool = flag(
         False, "Build the training split as one pass over its documents and repeat that pass "
                "every epoch (fine-tuning style: a sample keeps its dataset index across "
@@ -165,6 +170,12 @@ class DataArgs:
                "codec or --warmup-epochs.")
 
     def validate(self) -> None:
+        if self.task_name is not None:
+            if self.data_path:
+                raise ConfigError("--task-name and --data-path both name the training data; "
+                                  "give one")
+            from megatron.training.tasks import parse_task_name
+            parse_task_name(self.task_name)
         if self.data_path:
             _check_blend(self.data_path)
             from megatron.training.data import check_index_file
@@ -180,7 +191,7 @@ class DataArgs:
         except (ValueError, AssertionError):
             raise ConfigError(f"--split '{self.split}' must be up to three non-negative "
                               f"numbers like 969,30,1") from None
-        if self.data_path is not None or self.vocab_file is not None:
+        if self.data_path is not None or self.vocab_file is not None or self.task_name:
             from megatron.training.tokenizer import validate_tokenizer_args
             try:
                 validate_tokenizer_args(self.tokenizer_type, self.vocab_file, self.merge_file,
@@ -288,8 +299,9 @@ def validate_args(args: Args) -> None:
     args.training.validate(args.dp)
     args.data.validate()
     args.compression.validate(pp=args.pp, dp=args.dp, tp=args.tp)
-    if (args.data.repeat_epoch or args.compression.uses_epochs) and args.data.data_path \
-            and len(args.data.data_path) > 1:
+    blend = (args.data.data_path and len(args.data.data_path) > 1) or \
+        (args.data.task_name and len([t for t in args.data.task_name.split(",") if t]) > 1)
+    if (args.data.repeat_epoch or args.compression.uses_epochs) and blend:
         raise ConfigError("--repeat-epoch, --forward-compress-method delta* and --warmup-epochs "
                           "train in epochs over one dataset (samples keyed by index); a weighted "
                           "--data-path blend has no epochs: give one prefix")

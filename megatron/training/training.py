@@ -95,6 +95,9 @@ class Trainer:
         self.ckpt = CheckpointManager(args, self)
         self.ckpt.register("pipeline_channels", self.channels)
         self.ckpt.register("grad_sync", self.grad_sync)
+        if args.compression.syncs_parameters:  # replicas differ: each keeps its own weights
+            from megatron.training.dp_modes import ReplicaState
+            self.ckpt.register("replica", ReplicaState(self.model, self.optimizer))
         self.loss_history: List[float] = []
         self.valid_history: List[tuple] = []
         if args.checkpoint.load:
@@ -145,7 +148,11 @@ class Trainer:
                  max(1, a.logging.eval_iters) * gbs * (a.training.train_iters // max(1, a.logging.eval_interval) + 1),
                  0]
         # megatron-core builds on rank 0 first and makes the others wait for its index cache.
-        return data_mod.build_datasets(a.data.data_path, a.data.split, a.model.seq_length,
+        data_path = a.data.data_path
+        if a.data.task_name:   # weighted jsonl files, tokenised on the fly (rank 0)
+            from megatron.training.tasks import resolve_task_name
+            data_path = resolve_task_name(a.data.task_name, self.tokenizer, a.data.data_cache_path)
+        return data_mod.build_datasets(data_path, a.data.split, a.model.seq_length,
                                        a.training.seed, self.tokenizer, sizes,
                                        a.data.data_cache_path)
 

@@ -92,7 +92,40 @@ def _worker(rank, world):
                         server_err[:N], sent_all / world)
     out["updates"] = torch.stack(updates)
     out["bytes"] = counted
+    out["adpsgd"] = _adpsgd(rank)
+    out["windows"] = _windows(rank, world)
     return _np(out)
+
+
+def _adpsgd(rank):
+    """Three rounds of pairwise averaging on rank-dependent weights: (mean before, after)."""
+    from megatron.cc.grad_sync.preduce import ADPSGDSync
+    from megatron.cc.stats import ChannelStats
+    lin = torch.nn.Linear(5, 3)
+    with torch.no_grad():
+        for p in lin.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(rank)))
+    before = torch.cat([p.detach().reshape(-1) for p in lin.parameters()])
+    sync = ADPSGDSync(dist.group.WORLD, ChannelStats(), seed=3)
+    for it in range(3):
+        sync.after_optimizer_step(lin, it)
+    after = torch.cat([p.detach().reshape(-1) for p in lin.parameters()])
+    return before, after
+
+
+def _windows(rank, world):
+    """Each rank joins 6 windows with random delays: (window id, members) per join."""
+    import random
+    import time
+    from megatron.cc.grad_sync.preduce import WindowScheduler
+    store = dist.PrefixStore("test_windows/", dist.distributed_c10d._get_default_store())
+    sched = WindowScheduler(store, world)
+    rng = random.Random(rank)
+    out = []
+    for _ in range(6):
+        time.sleep(rng.random() * 0.004)
+        out.append(sched.join(rank))
+    return out
 
 
 def test_cocktail_exchange():
@@ -117,6 +150,19 @@ def test_cocktail_exchange():
         assert torch.allclose(sum_sent + err, sum_true, atol=1e-4)
         assert torch.allclose(sum_update + server_err, mean_sent, atol=1e-4)
         assert err.abs().max() > 0.1   # lossy: something really was held back
+    # AD-PSGD: pairwise averaging keeps the replicas' mean and mixes them
+    before = torch.stack([r["adpsgd"][0] for r in res]).double()
+    after = torch.stack([r["adpsgd"][1] for r in res]).double()
+    assert torch.allclose(before.mean(0), after.mean(0), atol=1e-6)
+    assert after.std(0).mean() < 0.8 * before.std(0).mean()
+    # preduce scheduler: every member of a window sees the same group, and it contains itself
+    seen = {}
+    for rank, r in enumerate(res):
+        for k, members in r["windows"]:
+            members = tuple(int(m) for m in members)
+            assert rank in members
+            assert seen.setdefault(int(k), members) == members
+    assert sum(len(m) for m in seen.values()) == 4 * 6   # every join in exactly one window
 
 
 def _diloco_worker(rank, world):
