@@ -22,6 +22,7 @@ Bytes: counted when a sync happens (the log line averages them over its iteratio
 what the gradient all-reduce of every inner step since the fragment's last sync would cost.
 State (checkpoint): theta_g, momentum and codec residual per fragment, exchange state.
 """
+import time
 from typing import Dict, List, Optional
 
 import torch
@@ -93,8 +94,10 @@ class DiLoCoSync:
         if not due:
             return
         frags = self._fragments(model)
+        t0 = time.perf_counter()
         for f in due:
             self.outer_step(f, frags[f], iteration)
+        self.stats.observe("dp wait ms", (time.perf_counter() - t0) * 1000)
 
     def outer_step(self, f: int, params: List[torch.Tensor], iteration: int) -> None:
         g = self.global_copy[f]

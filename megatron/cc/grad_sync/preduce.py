@@ -128,6 +128,11 @@ class PartialReduceSync:
         return [int(m) for m in self.store.get(key).decode().split(",")]
 
     def after_optimizer_step(self, model, iteration: int) -> None:
+        t0 = time.perf_counter()
+        self._sync(model, iteration)
+        self.stats.observe("dp wait ms", (time.perf_counter() - t0) * 1000)
+
+    def _sync(self, model, iteration: int) -> None:
         members = self.members(iteration)
         self.group_sizes.append(len(members))
         params = [p for ps_ in param_segments(model).values() for p in ps_]
@@ -166,6 +171,11 @@ class ADPSGDSync:
         pass
 
     def after_optimizer_step(self, model, iteration: int) -> None:
+        t0 = time.perf_counter()
+        self._sync(model, iteration)
+        self.stats.observe("dp wait ms", (time.perf_counter() - t0) * 1000)
+
+    def _sync(self, model, iteration: int) -> None:
         params = [p for ps_ in param_segments(model).values() for p in ps_]
         mine = flatten(params)
         raw = mine.numel() * 4
