@@ -11,6 +11,7 @@ Runs (dp=4, pp=1 unless the name says pp2):
   allreduce            exact gradient all-reduce (the reference)
   powersgd             SC: --grad-comp rank 8, 10% warm-up
   cocktail             --dp-mode cocktail_sgd 0.1 / 0.2 / 4 bits, overlapped (one step stale)
+  cocktail-w30         the same after 30 warm-up iterations of exact all-reduce (10%)
   diloco-H10 / -H50    --dp-mode diloco, H inner steps, exact fp32 outer all-reduce
   diloco-H10-int8 / -H50-int8   the same with int8 pseudo-gradients (error feedback)
   allreduce-hetero, preduce-hetero, adpsgd-hetero   --hetero 0.5 (replicas randomly up to
@@ -52,6 +53,7 @@ def diloco(h: int, comp: str = "none"):
 RUNS = {
     "allreduce": [],
     "cocktail": COCKTAIL,
+    "cocktail-w30": COCKTAIL + ["--cocktail-warmup-steps", "30"],
     "diloco-H50-int8": diloco(50, "int8"),
     "diloco-H10-int8": diloco(10, "int8"),
     "powersgd": ["--grad-comp", "--grad-comp-rank", "8", "--grad-comp-warm-up", "0.1"],

@@ -154,6 +154,10 @@ class CompressionConfig:
     diloco_fragments: int = flag(
         1, "diloco: Streaming DiLoCo, the stage's layers cut into F fragments synchronised in "
            "turn every H/F steps (--diloco-inner-steps must be divisible by F).")
+    diloco_sync_delay: int = flag(
+        0, "diloco: overlap a fragment's outer all-reduce with this many following inner "
+           "steps (background thread); the update is applied then, keeping the local progress "
+           "of those steps. Must be < H/F.")
     ssp_bound: int = flag(
         10, "preduce: every ssp-bound x dp updates a round waits until the groups connect "
             "every replica (1: every round is a full average, i.e. all-reduce).")
@@ -195,6 +199,10 @@ class CompressionConfig:
         if self.diloco_fragments < 1 or self.diloco_inner_steps % self.diloco_fragments:
             raise ConfigError(f"--diloco-fragments {self.diloco_fragments} must be >= 1 and "
                               f"divide --diloco-inner-steps {self.diloco_inner_steps}")
+        if not 0 <= self.diloco_sync_delay < self.diloco_inner_steps // self.diloco_fragments:
+            raise ConfigError(f"--diloco-sync-delay {self.diloco_sync_delay} must be >= 0 and "
+                              f"smaller than --diloco-inner-steps / --diloco-fragments "
+                              f"({self.diloco_inner_steps // self.diloco_fragments})")
         from megatron.cc.grad_sync.flat_codecs import parse_fixpoint_bits
         c = self.diloco_compression
         bits = parse_fixpoint_bits(c)
@@ -216,7 +224,7 @@ class CompressionConfig:
         owners = {"cocktail_sgd": ("cocktail_random_ratio", "cocktail_topk_ratio",
                                    "cocktail_warmup_steps", "cocktail_no_overlap"),
                   "diloco": ("diloco_inner_steps", "diloco_outer_lr", "diloco_outer_momentum",
-                             "diloco_compression", "diloco_fragments"),
+                             "diloco_compression", "diloco_fragments", "diloco_sync_delay"),
                   "preduce": ("ssp_bound",)}
         import dataclasses
         defaults = {f.name: f.default for f in dataclasses.fields(self)}

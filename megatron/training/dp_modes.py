@@ -52,11 +52,14 @@ def build_dp_mode_sync(args, model, stats) -> GradSync:
                              warmup_steps=c.cocktail_warmup_steps, overlap=overlap)
     elif mode == "diloco":
         exchange = None
+        # a background reduce (sync delay) or another backend needs a group of its own
+        group = clone_groups(dp_group, c.dp_backend) if c.dp_backend or c.diloco_sync_delay \
+            else dp_group
         if c.diloco_compression != "none":
-            group = clone_groups(dp_group, c.dp_backend) if c.dp_backend else dp_group
             exchange = build_exchange(args, group, c.diloco_compression)
         dp = DiLoCoSync(dp_group, stats, c.diloco_inner_steps, c.diloco_outer_lr,
-                        c.diloco_outer_momentum, exchange, c.diloco_fragments)
+                        c.diloco_outer_momentum, exchange, c.diloco_fragments,
+                        c.diloco_sync_delay, reduce_group=group)
     elif mode == "preduce":
         decider = ps.get_pipeline_model_parallel_rank() == 0 and \
             ps.get_tensor_model_parallel_rank() == 0

@@ -120,7 +120,8 @@ class Trainer:
     def _build_optimizer(self):
         a, m = self.args.training, self.args.model
         opt_config = OptimizerConfig(
-            optimizer=a.optimizer, sgd_momentum=a.sgd_momentum, lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay,
+            optimizer=a.optimizer, sgd_momentum=a.sgd_momentum,
+            lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay,
             adam_beta1=a.adam_beta1, adam_beta2=a.adam_beta2, adam_eps=a.adam_eps,
             clip_grad=a.clip_grad, bf16=m.bf16, fp16=m.fp16,
             params_dtype=self.config.params_dtype)

@@ -3,8 +3,8 @@
 - DiLoCo with H = 1, outer lr 1, momentum 0 and preduce with --ssp-bound 1, both over plain
   SGD, train exactly like gradient all-reduce (parameter averaging after one linear step ==
   stepping with the averaged gradient), to float rounding;
-- resume is bit-exact at (tp, pp, dp) = (1, 2, 2) with each mode on (10 straight iterations of
-  losses == 5 + save + load + 5), with every piece of mode state in the checkpoint: the
+- resume is bit-exact at (tp, pp, dp) = (1, 2, 2) with each mode on (8 straight iterations of
+  losses == 4 + save + load + 4), with every piece of mode state in the checkpoint: the
   CocktailSGD exchange in flight at the save, its server errors and stochastic-rounding
   generators, DiLoCo's global copy / momentum / residuals mid-period with streaming fragments.
   preduce runs at --ssp-bound 1 here: its partial groups depend on arrival timing, so no two
@@ -52,6 +52,9 @@ MODES = {
                  "stochastic-rounding": True, "cocktail-random-ratio": 0.5},
     "diloco": {"dp-mode": "diloco", "diloco-inner-steps": 4, "diloco-fragments": 2,
                "diloco-compression": "int8"},
+    # a reduce in flight at the save (fragment 1 starts after step 4, applied after step 6)
+    "diloco-delay": {"dp-mode": "diloco", "diloco-inner-steps": 8, "diloco-fragments": 2,
+                     "diloco-sync-delay": 2, "diloco-outer-momentum": 0.5},
     "preduce": {"dp-mode": "preduce", "ssp-bound": 1},
     "adpsgd": {"dp-mode": "adpsgd"},
 }
@@ -61,11 +64,11 @@ def _resume_worker(rank, world, corpus, root):
     import torch.distributed as dist
     out = {}
     for name, flags in MODES.items():
-        common = {"pipeline-model-parallel-size": 2, "train-iters": 10, **flags}
+        common = {"pipeline-model-parallel-size": 2, "train-iters": 8, **flags}
         ckpt = f"{root}/{name}"
         straight = runner.train(tiny_gpt_argv(corpus, **common), world)
         first = runner.train(tiny_gpt_argv(corpus, **common, save=ckpt,
-                                           **{"exit-interval": 5}), world)
+                                           **{"exit-interval": 4}), world)
         dist.barrier()
         resumed = runner.train(tiny_gpt_argv(corpus, **common, load=ckpt), world)
         out[name] = (straight, first, resumed)
@@ -93,8 +96,8 @@ def test_resume_bit_exact_with_each_dp_mode(tiny_corpus, tmp_path):
     res = everyone[-1]
     for name in MODES:
         straight, first, resumed = res[name]
-        assert first == straight[:5], name
-        assert resumed == straight[5:], (name, resumed, straight[5:])
+        assert len(straight) == 8 and first == straight[:4], name
+        assert resumed == straight[4:], (name, resumed, straight[4:])
     # composed run: it learns, and the tied embedding's two copies (first and last stage of a
     # replica) stay bit-identical although each stage runs its own compressed exchange
     losses, _ = res["composed"]
@@ -114,6 +117,8 @@ def test_resume_bit_exact_with_each_dp_mode(tiny_corpus, tmp_path):
     ({"dp-mode": "diloco", "diloco-inner-steps": 10, "diloco-fragments": 3}, 2,
      "--diloco-fragments"),
     ({"dp-mode": "diloco", "diloco-compression": "int3"}, 2, "--diloco-compression"),
+    ({"dp-mode": "diloco", "diloco-inner-steps": 4, "diloco-fragments": 2,
+      "diloco-sync-delay": 2}, 2, "--diloco-sync-delay"),
     ({"dp-mode": "diloco", "diloco-outer-momentum": 1.0}, 2, "--diloco-outer-momentum"),
     ({"dp-mode": "preduce"}, 1, "data-parallel size is 1"),
     ({"dp-mode": "preduce", "ssp-bound": 0}, 2, "--ssp-bound"),

@@ -193,7 +193,7 @@ def quantize(x: torch.Tensor, bits: int, granularity: str = "channel", group_siz
     if generator is None:
         v.round_()
     else:
-        v += torch.rand(v.shape, generator=generator)
+        v += torch.rand(v.shape, generator=generator, device=generator.device).to(v.device)
         v.floor_()
     v.clamp_(0, 1 if bits == 1 else 2 * int(c0))
     codes = _from_groups(v.to(torch.uint8), granularity, x.shape)

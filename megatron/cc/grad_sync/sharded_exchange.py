@@ -81,8 +81,12 @@ class ShardedExchange:
         payloads = [self.worker_codec.compress(chunks[j], step) for j in range(D)]
         dq = torch.cat([self.worker_codec.decompress(p, s, step) for p in payloads])[:n]
         send = torch.stack([to_bytes(p) for p in payloads])          # (D, P1) uint8
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=self.group)
+        # gloo (e.g. --dp-backend gloo across a WAN) with CUDA tensors: stage through the host
+        host = x.device.type != "cpu" and dist.get_backend(self.group) == "gloo"
+        wire = send.cpu() if host else send
+        recv = torch.empty_like(wire)
+        dist.all_to_all_single(recv, wire, group=self.group)
+        recv = recv.to(x.device)
         mine = self.worker_codec.decompress(from_bytes(recv[0], wspec), s, step)
         for j in range(1, D):   # fixed order: the owner's sum does not depend on arrival
             mine += self.worker_codec.decompress(from_bytes(recv[j], wspec), s, step)
@@ -93,8 +97,10 @@ class ShardedExchange:
         p2 = self.server_codec.compress(mine, step)
         self.server_error[key] = mine - self.server_codec.decompress(p2, s, step)
         mine_bytes = to_bytes(p2)
-        gathered = [torch.empty_like(mine_bytes) for _ in range(D)]
-        dist.all_gather(gathered, mine_bytes, group=self.group)
+        wire = mine_bytes.cpu() if host else mine_bytes
+        gathered = [torch.empty_like(wire) for _ in range(D)]
+        dist.all_gather(gathered, wire, group=self.group)
+        gathered = [g.to(x.device) for g in gathered]
         sspec = self.server_codec.flat_spec(s)
         update = torch.cat([self.server_codec.decompress(from_bytes(g, sspec), s, step)
                             for g in gathered])[:n]
