@@ -23,15 +23,14 @@ Runs (dp=4, pp=1 unless the name says pp2):
 Writes bench/results/dp_modes.md, dp_modes.json and dp_modes_loss.png.
 """
 import argparse
-import dataclasses
-import json
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from runlog import RunResult, plot_losses, run_pretrain  # noqa: E402
+from runlog import (RunResult, load_runs, plot_losses, run_pretrain,  # noqa: E402
+                    save_runs)
 
 from megatron.training.checkpointing import atomic_write_text  # noqa: E402
 
@@ -66,7 +65,6 @@ RUNS = {
     "pp2-cocktail": PP2 + COCKTAIL,
     "pp2-diloco-H50-int8": PP2 + diloco(50, "int8"),
 }
-KEEP = ("name", "losses", "valid", "ms_per_iter", "bytes_per_iter", "ratio", "wall_s")
 
 
 def reference(run, runs):
@@ -107,16 +105,6 @@ def average_dp(r: RunResult) -> None:
         r.ratio["dp"] = raw / r.bytes_per_iter["dp"] if r.bytes_per_iter["dp"] else float("inf")
 
 
-def load(path: str):
-    with open(path) as f:
-        saved = json.load(f)
-    runs = [RunResult(r["name"], losses={int(k): v for k, v in r["losses"].items()},
-                      valid={int(k): v for k, v in r["valid"].items()},
-                      ms_per_iter=r["ms_per_iter"], bytes_per_iter=r["bytes_per_iter"],
-                      ratio=r["ratio"], wall_s=r.get("wall_s", 0.0)) for r in saved["runs"]]
-    return saved["iters"], runs
-
-
 def dp_bytes_per_log(log: str):
     """Per log line (sent bytes, ratio) of the dp channel, or None where none was sent."""
     from runlog import _BYTES, _ITER, _UNIT
@@ -144,9 +132,9 @@ def main():
     a = p.parse_args()
     raw = os.path.join(a.out, "dp_modes.json")
     if a.replot:
-        iters, runs = load(raw)
+        iters, runs = load_runs(raw)
         for path in a.merge:
-            more_iters, more = load(path)
+            more_iters, more = load_runs(path)
             if more_iters != iters:
                 p.error(f"--merge {path}: {more_iters} iterations, {raw} has {iters}")
             names = {r.name for r in more}
@@ -154,8 +142,7 @@ def main():
         order = list(RUNS)
         runs.sort(key=lambda r: order.index(r.name) if r.name in order else len(order))
         if a.merge:
-            atomic_write_text(raw, json.dumps({"iters": iters, "runs": [
-                {k: v for k, v in dataclasses.asdict(x).items() if k in KEEP} for x in runs]}))
+            save_runs(raw, iters, runs)
     else:
         names = [n for n in a.runs.split(",") if n]
         unknown = [n for n in names if n not in RUNS]
@@ -176,8 +163,7 @@ def main():
             print(f"{name}: final validation loss {r.final_valid:.4f}, "
                   f"{r.steady_ms:.0f} ms/iter, dp {r.bytes_per_iter.get('dp', 0):.0f} B/iter",
                   flush=True)
-            atomic_write_text(raw, json.dumps({"iters": iters, "runs": [
-                {k: v for k, v in dataclasses.asdict(x).items() if k in KEEP} for x in runs]}))
+            save_runs(raw, iters, runs)
     text = table(runs, iters)
     print("\n" + text)
     atomic_write_text(os.path.join(a.out, "dp_modes.md"), text + "\n")
