@@ -17,7 +17,7 @@ A pipeline replica is one machine: stage 0, tp rank 0 of each replica talks to t
 and publishes the group under (dp rank, round); every other stage and tp rank of the replica
 reads it, so all stages of a replica average with the same partners and end at the same
 batch, and the tied embedding's two copies stay equal. Groups (global ranks of this stage's
-members) are created on demand, only by their members, and cached.
+members) are created on demand, only by their members, over the job's store, and cached.
 
 Replicas are not in lockstep here (`lockstep = False`): the training loop then logs the
 replica's own loss instead of all-reducing it over the dp group every iteration.
@@ -71,11 +71,19 @@ class WindowScheduler:
 
 
 class _GroupCache:
-    """Subgroups of this stage's dp ranks, created by their members only, cached."""
+    """Subgroups of this stage's dp ranks, created by their members only, cached.
 
-    def __init__(self, dp_group):
-        self.dp_group = dp_group
+    torch's new_group(use_local_synchronization=True) names a group after its ranks *and* the
+    number of groups the calling process already has, which differs between replicas that have
+    met different partners, so members would wait for each other under different names. A
+    backend process group over our own store prefix (the member ranks) has one name
+    everywhere; it is used directly (group.allreduce), not registered with torch.distributed.
+    """
+
+    def __init__(self, dp_group, store):
+        self.dp_group, self.store = dp_group, store
         self.ranks = dist.get_process_group_ranks(dp_group)
+        self.backend = dist.get_backend(dp_group)
         self.groups: Dict[tuple, object] = {}
 
     def get(self, members: List[int]):
@@ -83,13 +91,19 @@ class _GroupCache:
             return self.dp_group
         key = tuple(self.ranks[m] for m in members)
         if key not in self.groups:
-            self.groups[key] = dist.new_group(list(key), use_local_synchronization=True)
+            me = key.index(dist.get_rank())
+            store = dist.PrefixStore("group/" + "_".join(map(str, key)) + "/", self.store)
+            cls = dist.ProcessGroupNCCL if self.backend == "nccl" else dist.ProcessGroupGloo
+            self.groups[key] = cls(store, me, len(key))
         return self.groups[key]
 
 
 def _average(params: List[torch.Tensor], group, size: int) -> int:
     flat = flatten(params)
-    dist.all_reduce(flat, group=group)
+    if isinstance(group, dist.ProcessGroup):
+        dist.all_reduce(flat, group=group)
+    else:                      # one of _GroupCache's own backend groups
+        group.allreduce([flat]).wait()
     flat /= size
     copy_flat_(params, flat.to(params[0].device))
     return flat.numel() * flat.element_size()
@@ -109,7 +123,7 @@ class PartialReduceSync:
                  total_iters: int = 0):
         self.stats, self.store, self.decider = stats, store, decider
         self.dp_rank, self.dp = dist.get_rank(dp_group), dist.get_world_size(dp_group)
-        self.groups = _GroupCache(dp_group)
+        self.groups = _GroupCache(dp_group, store)
         self.scheduler = WindowScheduler(store, self.dp)
         self.ssp_bound, self.total_iters = ssp_bound, total_iters
         self.group_sizes: List[int] = []   # for tests and logs

@@ -7,10 +7,14 @@
 - error buffers telescope: per worker, sum of what it sent + its remaining error == sum of its
   true deltas; per group, sum of the agreed updates + the owners' server errors == the mean of
   what the workers sent;
+- AD-PSGD's pairwise averaging keeps the replicas' mean (and mixes them);
+- preduce's window scheduler: every member of a window sees the same group;
 - DiLoCo's outer step == torch.optim.SGD(nesterov=True) on the mean pseudo-gradient, and
   DiLoCo with H = 1, outer lr 1, momentum 0 over plain SGD == synchronous SGD on the averaged
   gradient.
+One spawn of 4 ranks computes everything (module fixture); the tests check its results.
 """
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -94,6 +98,7 @@ def _worker(rank, world):
     out["bytes"] = counted
     out["adpsgd"] = _adpsgd(rank)
     out["windows"] = _windows(rank, world)
+    out["diloco"] = _diloco_worker(rank, world)
     return _np(out)
 
 
@@ -119,17 +124,31 @@ def _windows(rank, world):
     import time
     from megatron.cc.grad_sync.preduce import WindowScheduler
     store = dist.PrefixStore("test_windows/", dist.distributed_c10d._get_default_store())
+    from megatron.cc.grad_sync.preduce import _average, _GroupCache
     sched = WindowScheduler(store, world)
+    groups = _GroupCache(dist.group.WORLD, store)
     rng = random.Random(rank)
     out = []
     for _ in range(6):
         time.sleep(rng.random() * 0.004)
-        out.append(sched.join(rank))
+        k, members = sched.join(rank)
+        # average over the group, created on demand by the members only (whose histories of
+        # groups differ): each member holds its rank, so the mean is the members' mean
+        p = torch.full((3,), float(rank))
+        if len(members) > 1:
+            _average([p], groups.get(members), len(members))
+        out.append((k, members, float(p[0])))
     return out
 
 
-def test_cocktail_exchange():
-    res = _t(run_distributed(_worker, 4, timeout=240))
+@pytest.fixture(scope="module")
+def results():
+    """One spawn of 4 ranks runs every check's distributed part."""
+    return _t(run_distributed(_worker, 4, timeout=300))
+
+
+def test_cocktail_exchange(results):
+    res = results
     # 1. ratio 1, top-k 1, 8 bits: two roundings, each <= half a step of its bucket's scale
     update, mean, xs, counted = res[0]["exact"]
     buckets = torch.nn.functional.pad(xs.abs(), (0, 4 * 256 - N)).view(4, -1, 128)
@@ -150,17 +169,26 @@ def test_cocktail_exchange():
         assert torch.allclose(sum_sent + err, sum_true, atol=1e-4)
         assert torch.allclose(sum_update + server_err, mean_sent, atol=1e-4)
         assert err.abs().max() > 0.1   # lossy: something really was held back
+
+
+def test_adpsgd_keeps_the_mean(results):
+    res = results
     # AD-PSGD: pairwise averaging keeps the replicas' mean and mixes them
     before = torch.stack([r["adpsgd"][0] for r in res]).double()
     after = torch.stack([r["adpsgd"][1] for r in res]).double()
     assert torch.allclose(before.mean(0), after.mean(0), atol=1e-6)
     assert after.std(0).mean() < 0.8 * before.std(0).mean()
+
+
+def test_preduce_windows_agree_on_members(results):
+    res = results
     # preduce scheduler: every member of a window sees the same group, and it contains itself
     seen = {}
     for rank, r in enumerate(res):
-        for k, members in r["windows"]:
+        for k, members, value in r["windows"]:
             members = tuple(int(m) for m in members)
             assert rank in members
+            assert value == pytest.approx(sum(members) / len(members))
             assert seen.setdefault(int(k), members) == members
     assert sum(len(m) for m in seen.values()) == 4 * 6   # every join in exactly one window
 
@@ -218,7 +246,7 @@ def _diloco_worker(rank, world):
     return diff, diff_outer
 
 
-def test_diloco_h1_equals_sync_sgd_and_outer_step_is_nesterov():
-    for diff, diff_outer in run_distributed(_diloco_worker, 2, timeout=120):
+def test_diloco_h1_equals_sync_sgd_and_outer_step_is_nesterov(results):
+    for diff, diff_outer in (r["diloco"] for r in results):
         assert diff < 1e-6, diff
         assert diff_outer < 1e-6, diff_outer
