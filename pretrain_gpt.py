@@ -32,7 +32,8 @@ def resolve_default_data(args) -> None:
         return
     from megatron.training.corpus import default_assets
     assets = default_assets()
-    args.data.data_path = [assets.data_prefix]
+    if not args.data.task_name:   # --task-name brings its own data, maybe not the tokenizer
+        args.data.data_path = [assets.data_prefix]
     if args.data.vocab_file is None and args.data.tokenizer_type == "GPT2BPETokenizer":
         args.data.vocab_file, args.data.merge_file = assets.vocab_file, assets.merge_file
 

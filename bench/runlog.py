@@ -87,3 +87,27 @@ def plot_losses(results: List[RunResult], path: str, title: str) -> None:
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=110)
+
+
+_KEEP = ("name", "losses", "valid", "ms_per_iter", "bytes_per_iter", "ratio", "wall_s")
+
+
+def save_runs(path: str, iters: int, runs: List[RunResult]) -> None:
+    """The numbers of `runs` as JSON (atomic), for redrawing tables and plots later."""
+    import dataclasses
+    import json
+    from megatron.training.checkpointing import atomic_write_text
+    atomic_write_text(path, json.dumps({"iters": iters, "runs": [
+        {k: v for k, v in dataclasses.asdict(r).items() if k in _KEEP} for r in runs]}))
+
+
+def load_runs(path: str):
+    """(iters, runs) from a file written by save_runs."""
+    import json
+    with open(path) as f:
+        saved = json.load(f)
+    return saved["iters"], [
+        RunResult(r["name"], losses={int(k): v for k, v in r["losses"].items()},
+                  valid={int(k): v for k, v in r["valid"].items()},
+                  ms_per_iter=r["ms_per_iter"], bytes_per_iter=r["bytes_per_iter"],
+                  ratio=r["ratio"], wall_s=r.get("wall_s", 0.0)) for r in saved["runs"]]

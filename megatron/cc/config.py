@@ -119,6 +119,131 @@ class CompressionConfig:
                "the dp all-reduce plus the first/last-stage sum; lossless. With "
                "pipeline size 1 there is no embedding channel and this changes nothing.")
 
+    # ---- dp channel: parameter-syncing modes (CocktailSGD, SD-PIPE preduce, AD-PSGD, DiLoCo)
+    dp_mode: str = flag(
+        "allreduce", "How data-parallel replicas of a stage synchronise. allreduce: gradients "
+                     "(exact, or PowerSGD with --grad-comp). cocktail_sgd (alias cocktail): "
+                     "compressed parameter deltas in a sharded exchange (CocktailSGD). preduce: "
+                     "weight averaging with whoever is ready (SD-PIPE). adpsgd: random pairwise "
+                     "weight averaging. diloco: H local steps, then an outer Nesterov step on "
+                     "the averaged pseudo-gradient.",
+        choices=["allreduce", "cocktail_sgd", "cocktail", "preduce", "adpsgd", "diloco"])
+    dp_backend: Optional[str] = flag(
+        None, "Transport of the data-parallel channel: its own process group on this backend "
+              "(allreduce/PowerSGD, cocktail_sgd, diloco): gloo (e.g. across a WAN; CUDA "
+              "tensors staged through pinned host buffers) or nccl; default "
+              "--distributed-backend.",
+        choices=["gloo", "nccl"])
+    cocktail_random_ratio: float = flag(
+        0.1, "cocktail_sgd: share of entries in the random rolling subset, in (0, 1].")
+    cocktail_topk_ratio: float = flag(
+        0.2, "cocktail_sgd: share of the subset kept by magnitude (top-k), in (0, 1].")
+    cocktail_bits: int = flag(4, "cocktail_sgd (and --diloco-compression cocktail): bits per "
+                                 "kept value, 1..8.")
+    cocktail_bucket_size: int = flag(
+        128, "cocktail_sgd: kept values per 16-bit scale (also the bucket of int8/fixpoint-b).")
+    cocktail_warmup_steps: int = flag(
+        0, "cocktail_sgd: iterations that all-reduce gradients exactly before the compressed "
+           "exchange starts.")
+    cocktail_no_overlap: bool = flag(
+        False, "cocktail_sgd: run the exchange inline after the optimizer step instead of on a "
+               "background thread overlapping the next forward/backward (one step stale).")
+    diloco_inner_steps: int = flag(100, "diloco: H, local optimizer steps between outer steps.")
+    diloco_outer_lr: float = flag(0.7, "diloco: learning rate of the outer SGD.")
+    diloco_outer_momentum: float = flag(
+        0.9, "diloco: Nesterov momentum of the outer SGD, in [0, 1) (0: plain SGD).")
+    diloco_compression: str = flag(
+        "none", "diloco: codec of the pseudo-gradient exchange: none (exact fp32 all-reduce), "
+                "fp16, int8, fixpoint-<bits> (e.g. fixpoint-4), cocktail (--cocktail-* "
+                "settings). Lossy codecs keep each replica's residual (error feedback).")
+    diloco_fragments: int = flag(
+        1, "diloco: Streaming DiLoCo, the stage's layers cut into F fragments synchronised in "
+           "turn every H/F steps (--diloco-inner-steps must be divisible by F).")
+    diloco_sync_delay: int = flag(
+        0, "diloco: overlap a fragment's outer all-reduce with this many following inner "
+           "steps (background thread); the update is applied then, keeping the local progress "
+           "of those steps. Must be < H/F.")
+    ssp_bound: int = flag(
+        10, "preduce: every ssp-bound x dp updates a round waits until the groups connect "
+            "every replica (1: every round is a full average, i.e. all-reduce).")
+    hetero: float = flag(
+        0.0, "preduce/adpsgd/any mode: each replica sleeps a random share (up to this fraction, "
+             "in [0, 1)) of its compute time per iteration, to emulate a heterogeneous cluster.")
+
+    @property
+    def dp_mode_name(self) -> str:
+        return "cocktail_sgd" if self.dp_mode == "cocktail" else self.dp_mode
+
+    @property
+    def syncs_parameters(self) -> bool:
+        return self.dp_mode_name != "allreduce"
+
+    def validate_dp_mode(self, dp: int) -> None:
+        mode = self.dp_mode_name
+        if mode != "allreduce" and self.grad_comp:
+            raise ConfigError(f"--dp-mode {self.dp_mode} replaces the gradient all-reduce that "
+                              f"--grad-comp compresses; drop one of them")
+        if mode != "allreduce" and dp < 2:
+            raise ConfigError(f"--dp-mode {self.dp_mode} synchronises data-parallel replicas, "
+                              f"but the data-parallel size is {dp}; launch more ranks or use "
+                              f"--dp-mode allreduce")
+        for name in ("cocktail_random_ratio", "cocktail_topk_ratio"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be in (0, 1], got "
+                                  f"{getattr(self, name)}")
+        if not 1 <= self.cocktail_bits <= 8:
+            raise ConfigError(f"--cocktail-bits must be in 1..8, got {self.cocktail_bits}")
+        if self.cocktail_bucket_size < 1 or self.cocktail_warmup_steps < 0:
+            raise ConfigError("--cocktail-bucket-size must be >= 1 and --cocktail-warmup-steps "
+                              ">= 0")
+        if self.diloco_inner_steps < 1:
+            raise ConfigError(f"--diloco-inner-steps must be >= 1, got {self.diloco_inner_steps}")
+        if self.diloco_outer_lr <= 0 or not 0.0 <= self.diloco_outer_momentum < 1.0:
+            raise ConfigError(f"--diloco-outer-lr must be > 0 and --diloco-outer-momentum in "
+                              f"[0, 1), got {self.diloco_outer_lr}, {self.diloco_outer_momentum}")
+        if self.diloco_fragments < 1 or self.diloco_inner_steps % self.diloco_fragments:
+            raise ConfigError(f"--diloco-fragments {self.diloco_fragments} must be >= 1 and "
+                              f"divide --diloco-inner-steps {self.diloco_inner_steps}")
+        if not 0 <= self.diloco_sync_delay < self.diloco_inner_steps // self.diloco_fragments:
+            raise ConfigError(f"--diloco-sync-delay {self.diloco_sync_delay} must be >= 0 and "
+                              f"smaller than --diloco-inner-steps / --diloco-fragments "
+                              f"({self.diloco_inner_steps // self.diloco_fragments})")
+        from megatron.cc.grad_sync.flat_codecs import parse_fixpoint_bits
+        c = self.diloco_compression
+        bits = parse_fixpoint_bits(c)
+        if c not in ("none", "fp16", "cocktail") and (bits is None or not 1 <= bits <= 8):
+            raise ConfigError(f"--diloco-compression {c!r}: expected none, fp16, int8, "
+                              f"fixpoint-<bits 1..8> or cocktail")
+        if self.ssp_bound < 1:
+            raise ConfigError(f"--ssp-bound must be >= 1, got {self.ssp_bound}")
+        if not 0.0 <= self.hetero < 1.0:
+            raise ConfigError(f"--hetero must be in [0, 1), got {self.hetero}")
+        if self.dp_backend == "nccl":
+            import torch
+            if not torch.cuda.is_available():
+                raise ConfigError("--dp-backend nccl needs GPUs; use gloo on CPU")
+        self._validate_mode_flags(mode)
+
+    def _validate_mode_flags(self, mode: str) -> None:
+        """A flag of one mode given with another is a mistake worth stopping for."""
+        owners = {"cocktail_sgd": ("cocktail_random_ratio", "cocktail_topk_ratio",
+                                   "cocktail_warmup_steps", "cocktail_no_overlap"),
+                  "diloco": ("diloco_inner_steps", "diloco_outer_lr", "diloco_outer_momentum",
+                             "diloco_compression", "diloco_fragments", "diloco_sync_delay"),
+                  "preduce": ("ssp_bound",)}
+        import dataclasses
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        if mode == "diloco" and self.diloco_compression == "cocktail":
+            owners["cocktail_sgd"] = ("cocktail_warmup_steps", "cocktail_no_overlap")
+        for owner, names in owners.items():
+            for name in names:
+                if owner != mode and getattr(self, name) != defaults[name]:
+                    raise ConfigError(f"--{name.replace('_', '-')} configures --dp-mode "
+                                      f"{owner}, but --dp-mode is {self.dp_mode}")
+        if self.dp_backend is not None and mode not in ("allreduce", "cocktail_sgd", "diloco"):
+            raise ConfigError(f"--dp-backend sets the dp channel's process group for allreduce, "
+                              f"cocktail_sgd and diloco, but --dp-mode is {self.dp_mode}")
+
     def compressed_stages(self, pp: int) -> int:
         """How many leading pipeline stages run PowerSGD on their dp gradients."""
         if not self.grad_comp:
@@ -213,7 +338,7 @@ class CompressionConfig:
             raise ConfigError(f"--warmup-epochs {self.warmup_epochs} and --compress-warmup-iters "
                               f"{self.compress_warmup_iters} both set the warm-up; give one")
         if self.stochastic_rounding and fwd not in ("fixpoint", "delta", "delta-lowbits") \
-                and bwd != "fixpoint":
+                and bwd != "fixpoint" and self.dp_mode_name not in ("cocktail_sgd", "diloco"):
             raise ConfigError("--stochastic-rounding changes the fixpoint / delta quantisers, "
                               f"but --forward-compress-method is {fwd} and "
                               f"--backward-compress-method is {bwd}")
@@ -263,3 +388,4 @@ class CompressionConfig:
         self.validate_pipeline_codecs(pp)
         self.validate_inter_grad_comp(pp)
         self.validate_grad_comp(pp)
+        self.validate_dp_mode(dp)

@@ -180,6 +180,9 @@ class TrainingArgs:
     adam_beta2: float = flag(0.999, "Adam beta2.")
     adam_eps: float = flag(1e-8, "Adam epsilon.")
     seed: int = flag(1234, "Random seed. Initial weights depend on it alone, not on the split.")
+    optimizer: str = flag("adam", "Optimizer (AdamW, or SGD with --sgd-momentum).",
+                          choices=["adam", "sgd"])
+    sgd_momentum: float = flag(0.9, "Momentum of --optimizer sgd.")
 
     def validate(self, dp: int) -> None:
         if self.micro_batch_size < 1 or self.global_batch_size < 1 or self.train_iters < 1:
@@ -219,6 +222,11 @@ class DataArgs:
     merge_file: Optional[str] = flag(None, "GPT-2 merges.txt (GPT2BPETokenizer).")
     tokenizer_model: Optional[str] = flag(None, "Local tokenizer directory (HuggingFaceTokenizer).")
     data_cache_path: Optional[str] = flag(None, "Where GPTDataset caches its index files.")
+    task_name: Optional[str] = flag(
+        None, "Fine-tuning data (CocktailSGD / AC-SGD spelling of a weighted --data-path): "
+              "comma-separated jsonl files or .bin/.idx prefixes with optional sampling weights, "
+              "'a.jsonl:0.5,b.jsonl:1.0' (normalised). A jsonl is tokenised on the fly into "
+              "--data-cache-path (or next to it) when no up-to-date .bin/.idx exists.")
     repeat_epoch: bool = flag(
         False, "Build the training split as one pass over its documents and repeat that pass "
                "every epoch (fine-tuning style: a sample keeps its dataset index across "
@@ -227,6 +235,12 @@ class DataArgs:
                "codec or --warmup-epochs.")
 
     def validate(self) -> None:
+        if self.task_name is not None:
+            if self.data_path:
+                raise ConfigError("--task-name and --data-path both name the training data; "
+                                  "give one")
+            from megatron.training.tasks import parse_task_name
+            parse_task_name(self.task_name)
         if self.data_path:
             _check_blend(self.data_path)
             from megatron.training.data import check_index_file
@@ -242,7 +256,7 @@ class DataArgs:
         except (ValueError, AssertionError):
             raise ConfigError(f"--split '{self.split}' must be up to three non-negative "
                               f"numbers like 969,30,1") from None
-        if self.data_path is not None or self.vocab_file is not None:
+        if self.data_path is not None or self.vocab_file is not None or self.task_name:
             from megatron.training.tokenizer import validate_tokenizer_args
             try:
                 validate_tokenizer_args(self.tokenizer_type, self.vocab_file, self.merge_file,
@@ -384,8 +398,9 @@ def validate_args(args: Args) -> None:
     args.training.validate(args.dp)
     args.data.validate()
     args.compression.validate(pp=args.pp, dp=args.dp, tp=args.tp)
-    if (args.data.repeat_epoch or args.compression.uses_epochs) and args.data.data_path \
-            and len(args.data.data_path) > 1:
+    blend = (args.data.data_path and len(args.data.data_path) > 1) or \
+        (args.data.task_name and len([t for t in args.data.task_name.split(",") if t]) > 1)
+    if (args.data.repeat_epoch or args.compression.uses_epochs) and blend:
         raise ConfigError("--repeat-epoch, --forward-compress-method delta* and --warmup-epochs "
                           "train in epochs over one dataset (samples keyed by index); a weighted "
                           "--data-path blend has no epochs: give one prefix")
@@ -396,6 +411,9 @@ def validate_args(args: Args) -> None:
         raise ConfigError("--save-interval needs --save DIR")
     if args.pp > 1 and args.num_microbatches < 1:
         raise ConfigError("need at least one micro-batch per iteration")
+    if (args.model.fp16 or args.model.bf16) and args.compression.syncs_parameters:
+        raise ConfigError(f"--dp-mode {args.compression.dp_mode} exchanges fp32 parameters and "
+                          f"does not support --fp16/--bf16 yet; train in fp32")
     if args.model.fp16 or args.model.bf16:
         import torch
         if not torch.cuda.is_available():

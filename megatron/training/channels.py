@@ -73,9 +73,13 @@ def build_pipeline_channels(args, config, stats, epoch_samples=None) -> Pipeline
 def build_grad_sync(args, model, stats) -> GradSync:
     """dp channel (exact, or PowerSGD on the first k stages) + emb channel (plain or fused).
 
-    Collective when --emb-comm-opt and pp > 1 (creates the fused groups): call on every rank.
+    Collective when --emb-comm-opt and pp > 1 (creates the fused groups) or with a
+    parameter-syncing --dp-mode (creates the exchange groups): call on every rank.
     """
     c = args.compression
+    if c.syncs_parameters:
+        from megatron.training.dp_modes import build_dp_mode_sync
+        return build_dp_mode_sync(args, model, stats)
     dp_group = data_parallel_group(args)
     own_group = dp_group is not ps.get_data_parallel_group()   # --dp-backend: not DDP's group
     stage = ps.get_pipeline_model_parallel_rank()
@@ -88,6 +92,9 @@ def build_grad_sync(args, model, stats) -> GradSync:
     else:
         dp = ExactDataParallelSync(dp_group, stats, exclude_embedding=fused,
                                    use_group=own_group)
+    if c.hetero:   # emulated slow replicas, for comparing with the dp modes under --hetero
+        from megatron.cc.grad_sync.hetero import HeteroDelay
+        dp = HeteroDelay(dp, c.hetero, args.training.seed, ps.get_data_parallel_rank())
     # first or last stage: holds a copy of the tied embedding (asked of the stage, not of
     # ps.is_rank_in_embedding_group, whose rank list survives destroy_model_parallel)
     member = ps.is_pipeline_first_stage(ignore_virtual=True) or \

@@ -36,11 +36,7 @@ class GpuArgs:
         False, "Exact dp mode: megatron-core DDP all-reduces (or reduce-scatters) gradient "
                "buckets while backward runs.")
     # end shared with issue 11 --------------------------------------------------------
-    # shared with issue 15 ------------------------------------------------------------
-    dp_backend: Optional[str] = flag(
-        None, "Transport of the data-parallel channel: nccl or gloo (e.g. a WAN link); "
-              "default the --distributed-backend.", choices=BACKENDS)
-    # end shared with issue 15 --------------------------------------------------------
+    # --dp-backend (the dp channel's transport) is CompressionConfig's: it serves every dp mode
     pp_backend: Optional[str] = flag(
         None, "Transport of the pipeline channels: nccl or gloo (CUDA tensors are staged "
               "through pinned host buffers); default the --distributed-backend.",
@@ -62,10 +58,8 @@ class GpuArgs:
             raise ConfigError("--loss-scale-window and --hysteresis must be >= 1")
         if self.overlap_param_gather and not self.use_distributed_optimizer:
             raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
-        for name in ("dp_backend", "pp_backend"):
-            if getattr(self, name) == "nccl" and not _cuda():
-                raise ConfigError(f"--{name.replace('_', '-')} nccl needs CUDA GPUs; use gloo "
-                                  f"on CPU")
+        if self.pp_backend == "nccl" and not _cuda():
+            raise ConfigError("--pp-backend nccl needs CUDA GPUs; use gloo on CPU")
         if self.transformer_impl == "transformer_engine":
             from megatron.training.attention import have_transformer_engine
             if not have_transformer_engine():
@@ -87,7 +81,7 @@ def validate_gpu_args(args) -> None:
     if ddp_owned and (c.grad_comp or (c.emb_comm_opt and args.pp > 1)):
         raise ConfigError("--use-distributed-optimizer / --overlap-grad-reduce run megatron-core's "
                           "own gradient sync: drop --grad-comp and --emb-comm-opt, or these flags")
-    if ddp_owned and g.dp_backend is not None:
+    if ddp_owned and c.dp_backend is not None:
         raise ConfigError("--dp-backend gives the dp channel its own group, which megatron-core's "
                           "own gradient sync (--use-distributed-optimizer / --overlap-grad-reduce) "
                           "does not use; drop one")

@@ -111,6 +111,9 @@ class Trainer:
         self.ckpt = CheckpointManager(args, self)
         self.ckpt.register("pipeline_channels", self.channels)
         self.ckpt.register("grad_sync", self.grad_sync)
+        if args.compression.syncs_parameters:  # replicas differ: each keeps its own weights
+            from megatron.training.dp_modes import ReplicaState
+            self.ckpt.register("replica", ReplicaState(self.model, self.optimizer))
         self.loss_history: List[float] = []
         self.valid_history: List[tuple] = []
         self.exit_signal = ExitSignal() if args.checkpoint.exit_signal_handler else None
@@ -137,7 +140,8 @@ class Trainer:
     def _build_optimizer(self):
         a, m = self.args.training, self.args.model
         opt_config = OptimizerConfig(
-            optimizer="adam", lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay,
+            optimizer=a.optimizer, sgd_momentum=a.sgd_momentum,
+            lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay,
             adam_beta1=a.adam_beta1, adam_beta2=a.adam_beta2, adam_eps=a.adam_eps,
             clip_grad=a.clip_grad, bf16=m.bf16, fp16=m.fp16,
             params_dtype=self.config.params_dtype, **loss_scaling(self.args.gpu),
@@ -172,7 +176,11 @@ class Trainer:
                  max(1, a.logging.eval_iters) * gbs * (a.training.train_iters // max(1, a.logging.eval_interval) + 1),
                  0]
         # megatron-core builds on rank 0 first and makes the others wait for its index cache.
-        return data_mod.build_datasets(a.data.data_path, a.data.split, a.model.seq_length,
+        data_path = a.data.data_path
+        if a.data.task_name:   # weighted jsonl files, tokenised on the fly (rank 0)
+            from megatron.training.tasks import resolve_task_name
+            data_path = resolve_task_name(a.data.task_name, self.tokenizer, a.data.data_cache_path)
+        return data_mod.build_datasets(data_path, a.data.split, a.model.seq_length,
                                        a.training.seed, self.tokenizer, sizes,
                                        a.data.data_cache_path)
 
@@ -242,6 +250,7 @@ class Trainer:
         self.grad_sync(self.model, self.iteration)
         ok, grad_norm, _ = self.optimizer.step()
         self.skipped_iters += 0 if ok else 1  # fp16 overflow: megatron-core skipped the step
+        self.grad_sync.after_optimizer_step(self.model, self.iteration)  # parameter-syncing dp modes
         # sample-based training (--train-samples) counts the schedule in samples
         sample_based = self.args.compat.train_samples is not None
         self.scheduler.step(increment=self.batches.global_batch_size if sample_based else 1)
@@ -255,6 +264,8 @@ class Trainer:
         if not ps.is_pipeline_last_stage():
             return float("nan")
         value = torch.stack(losses).mean().reshape(1)
+        if not self.grad_sync.lockstep:  # preduce/adpsgd: no dp barrier; the replica's own loss
+            return value.item()
         dist.all_reduce(value, group=ps.get_data_parallel_group())
         return value.item() / ps.get_data_parallel_world_size()
 
@@ -288,6 +299,7 @@ class Trainer:
         if a.checkpoint.save and (not a.checkpoint.save_interval
                                   or self.iteration % a.checkpoint.save_interval):
             self.ckpt.save(a.checkpoint.save)
+        self.grad_sync.flush(self.model)  # after the save: a resumed run applies it itself
         self.ckpt.finalize(blocking=True)
 
     def log(self, metrics: Dict[str, float], elapsed: float, iters: int) -> None:

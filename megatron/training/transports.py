@@ -17,10 +17,8 @@ def _differs(backend) -> bool:
 def data_parallel_group(args):
     """The dp channel's group. Collective when --dp-backend differs from the default."""
     group = ps.get_data_parallel_group()
-    # shared with issue 15 ------------------------------------------------------------
-    if _differs(args.gpu.dp_backend):
-        return group_with_backend(dist.get_process_group_ranks(group), args.gpu.dp_backend)
-    # end shared with issue 15 --------------------------------------------------------
+    if _differs(args.compression.dp_backend):
+        return group_with_backend(dist.get_process_group_ranks(group), args.compression.dp_backend)
     return group
 
 

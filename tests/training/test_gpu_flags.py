@@ -31,8 +31,8 @@ def test_bad_gpu_flags_are_refused(flags, message):
 def test_gpu_flags_parse_with_megatron_spelling():
     a = parse_args(["--transformer-impl", "sdpa", "--dp-backend", "gloo", "--pp_backend",
                     "gloo"], world_size=2)
-    assert (a.gpu.transformer_impl, a.gpu.dp_backend, a.gpu.pp_backend) == ("sdpa", "gloo", "gloo")
-    assert a.to_dict()["gpu"]["dp_backend"] == "gloo"
+    assert (a.gpu.transformer_impl, a.compression.dp_backend, a.gpu.pp_backend) == ("sdpa", "gloo", "gloo")
+    assert a.to_dict()["compression"]["dp_backend"] == "gloo"
 
 
 class _FakeMixedPrecision:

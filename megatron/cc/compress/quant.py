@@ -205,7 +205,7 @@ def quantize_with_scales(x: torch.Tensor, scales: torch.Tensor, bits: int, granu
     if generator is None:
         v.round_()
     else:
-        v += torch.rand(v.shape, generator=generator, device=generator.device)
+        v += torch.rand(v.shape, generator=generator, device=generator.device).to(v.device)
         v.floor_()
     v.clamp_(0, 1 if bits == 1 else 2 * int(c0))
     return _from_groups(v.to(torch.uint8), granularity, x.shape)

@@ -3,6 +3,15 @@
     sync.py             ExactDataParallelSync (megatron DDP's all-reduce), EmbeddingSync, GradSync
     powersgd.py         PowerSGDDataParallelSync: Optimus-CC SC (PowerSGD + error feedback)
     fused_embedding.py  FusedEmbeddingSync: Optimus-CC FE (one all-reduce per TP rank)
+  parameter-syncing dp modes (--dp-mode), acting after the optimizer step:
+    cocktail.py         CocktailSGDSync: compressed parameter deltas, sharded, one step stale
+    diloco.py           DiLoCoSync: H inner steps, outer Nesterov step, streaming fragments
+    preduce.py          PartialReduceSync (SD-PIPE) and ADPSGDSync (pairwise gossip)
+    sharded_exchange.py ShardedExchange: compressed reduce-scatter + all-gather with server error
+    flat_codecs.py      flat-vector codecs: none, fp16, int8 / fixpoint-b, cocktail
+    param_sync.py       segments (tied embedding apart), flatten / copy helpers
+    hetero.py           HeteroDelay: --hetero, emulated slow replicas
+    groups.py           clone_groups: a dedicated group for a background exchange thread
 """
 from megatron.cc.grad_sync.fused_embedding import FusedEmbeddingSync, create_fused_embedding_group
 from megatron.cc.grad_sync.powersgd import PowerSGDDataParallelSync

@@ -148,6 +148,23 @@ class GradSync:
         self.dp(model, iteration)
         self.emb(model, iteration)
 
+    @property
+    def lockstep(self) -> bool:
+        """False when replicas may be at different iterations (preduce, adpsgd)."""
+        return getattr(self.dp, "lockstep", True)
+
+    def after_optimizer_step(self, model, iteration: int) -> None:
+        """Parameter-syncing dp modes (cocktail, diloco, preduce, adpsgd) act here."""
+        hook = getattr(self.dp, "after_optimizer_step", None)
+        if hook is not None:
+            hook(model, iteration)
+
+    def flush(self, model) -> None:
+        """End of training: apply whatever a dp mode still has in flight."""
+        hook = getattr(self.dp, "flush", None)
+        if hook is not None:
+            hook(model)
+
     def state_dict(self) -> dict:
         return {"dp": self.dp.state_dict(), "emb": self.emb.state_dict()}
 

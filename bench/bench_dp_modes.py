@@ -1,0 +1,176 @@
+"""Data-parallel modes side by side on the demo model: all-reduce, SC PowerSGD, CocktailSGD,
+DiLoCo, SD-PIPE preduce and AD-PSGD.
+
+One invocation runs every configuration one after the other with the same seed, data and
+flags apart from the dp channel, and reports final validation loss, the gap to all-reduce,
+dp bytes per iteration with the ratio against the uncompressed gradient all-reduce, and
+time per iteration. The raw numbers go to dp_modes.json after EVERY run (a long benchmark
+cut short still leaves what finished); --replot redraws table and plot from it.
+
+Runs (dp=4, pp=1 unless the name says pp2):
+  allreduce            exact gradient all-reduce (the reference)
+  powersgd             SC: --grad-comp rank 8, 10% warm-up
+  cocktail             --dp-mode cocktail_sgd 0.1 / 0.2 / 4 bits, overlapped (one step stale)
+  cocktail-w30         the same after 30 warm-up iterations of exact all-reduce (10%)
+  diloco-H10 / -H50    --dp-mode diloco, H inner steps, exact fp32 outer all-reduce
+  diloco-H10-int8 / -H50-int8   the same with int8 pseudo-gradients (error feedback)
+  allreduce-hetero, preduce-hetero, adpsgd-hetero   --hetero 0.5 (replicas randomly up to
+                       50% slower per iteration): time per iteration is the point there
+  pp2-allreduce, pp2-cocktail, pp2-diloco-H50-int8   pp=2 x dp=2
+
+    python bench/bench_dp_modes.py [--iters 300] [--runs allreduce,cocktail] [--replot]
+
+Writes bench/results/dp_modes.md, dp_modes.json and dp_modes_loss.png.
+"""
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+from runlog import (RunResult, load_runs, plot_losses, run_pretrain,  # noqa: E402
+                    save_runs)
+
+from megatron.training.checkpointing import atomic_write_text  # noqa: E402
+
+DEMO = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4",
+        "--seq-length", "128", "--micro-batch-size", "4", "--global-batch-size", "32",
+        "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-fraction", "0.0667",
+        "--lr-decay-style", "cosine", "--log-interval", "10", "--eval-iters", "8",
+        "--seed", "1234"]
+PP2 = ["--pipeline-model-parallel-size", "2"]
+COCKTAIL = ["--dp-mode", "cocktail_sgd", "--cocktail-random-ratio", "0.1",
+            "--cocktail-topk-ratio", "0.2", "--cocktail-bits", "4"]
+HETERO = ["--hetero", "0.5"]
+
+
+def diloco(h: int, comp: str = "none"):
+    return ["--dp-mode", "diloco", "--diloco-inner-steps", str(h), "--diloco-compression", comp]
+
+
+RUNS = {
+    "allreduce": [],
+    "cocktail": COCKTAIL,
+    "cocktail-w30": COCKTAIL + ["--cocktail-warmup-steps", "30"],
+    "diloco-H50-int8": diloco(50, "int8"),
+    "diloco-H10-int8": diloco(10, "int8"),
+    "powersgd": ["--grad-comp", "--grad-comp-rank", "8", "--grad-comp-warm-up", "0.1"],
+    "diloco-H50": diloco(50),
+    "diloco-H10": diloco(10),
+    "allreduce-hetero": HETERO,
+    "preduce-hetero": ["--dp-mode", "preduce"] + HETERO,
+    "adpsgd-hetero": ["--dp-mode", "adpsgd"] + HETERO,
+    "pp2-allreduce": PP2,
+    "pp2-cocktail": PP2 + COCKTAIL,
+    "pp2-diloco-H50-int8": PP2 + diloco(50, "int8"),
+}
+
+
+def reference(run, runs):
+    """The all-reduce run a run is compared with (same pp; the hetero one for hetero runs)."""
+    want = ("pp2-allreduce" if run.name.startswith("pp2-") else
+            "allreduce-hetero" if run.name.endswith("-hetero") else "allreduce")
+    return next((r for r in runs if r.name == want), None)
+
+
+def table(runs, iters: int) -> str:
+    rows = [f"demo GPT (4 layers, hidden 128, seq 128), dp=4 (pp2-*: pp=2 x dp=2), micro-batch 4, "
+            f"global batch 32, {iters} iterations, Adam lr 1e-3 cosine, same seed and data. "
+            f"dp bytes per iteration averaged over the run's log intervals (DiLoCo: outer syncs "
+            f"spread over their H steps); ratio against the gradient all-reduce of the same "
+            f"iterations. Gap and speed-up against the all-reduce run of the same layout "
+            f"(hetero runs: against allreduce-hetero).", "",
+            "| run | final val loss | gap | dp bytes/iter | dp ratio | ms/iter | vs all-reduce |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        ref = reference(r, runs)
+        gap = (f"{(r.final_valid - ref.final_valid) / ref.final_valid * 100:+.2f}%"
+               if ref and r.final_valid and ref.final_valid else "-")
+        speed = f"x{ref.steady_ms / r.steady_ms:.2f}" if ref else "-"
+        dp_b = r.bytes_per_iter.get("dp")
+        ratio = r.ratio.get("dp")
+        rows.append(f"| {r.name} | {r.final_valid:.4f} | {gap} | "
+                    f"{'-' if dp_b is None else f'{dp_b / 1e3:.1f} KB'} | "
+                    f"{'-' if ratio is None else f'x{ratio:.1f}'} | {r.steady_ms:.0f} | {speed} |")
+    return "\n".join(rows)
+
+
+def average_dp(r: RunResult) -> None:
+    """DiLoCo's bytes arrive every H steps: average bytes and ratio over the whole run."""
+    sent = [b for b in r.dp_history if b is not None]
+    if sent:
+        r.bytes_per_iter["dp"] = sum(s for s, _ in sent) / len(r.dp_history)
+        raw = sum(s * q for s, q in sent) / len(r.dp_history)
+        r.ratio["dp"] = raw / r.bytes_per_iter["dp"] if r.bytes_per_iter["dp"] else float("inf")
+
+
+def dp_bytes_per_log(log: str):
+    """Per log line (sent bytes, ratio) of the dp channel, or None where none was sent."""
+    from runlog import _BYTES, _ITER, _UNIT
+    out = []
+    for line in log.splitlines():
+        if _ITER.search(line):
+            hit = [(float(n) * _UNIT[u], float(q)) for c, n, u, q in _BYTES.findall(line)
+                   if c == "dp"]
+            out.append(hit[0] if hit else None)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iters", type=int, default=300, help="training iterations per run")
+    p.add_argument("--runs", default=",".join(RUNS),
+                   help=f"comma-separated subset of {', '.join(RUNS)}")
+    p.add_argument("--out", default=os.path.join(HERE, "results"),
+                   help="directory of dp_modes.md, .json and dp_modes_loss.png")
+    p.add_argument("--replot", action="store_true",
+                   help="redraw the table and plot from dp_modes.json in --out and exit")
+    p.add_argument("--merge", nargs="*", default=[],
+                   help="with --replot: also take the runs of these dp_modes.json files (e.g. "
+                        "from a second invocation with another --out); later files win")
+    a = p.parse_args()
+    raw = os.path.join(a.out, "dp_modes.json")
+    if a.replot:
+        iters, runs = load_runs(raw)
+        for path in a.merge:
+            more_iters, more = load_runs(path)
+            if more_iters != iters:
+                p.error(f"--merge {path}: {more_iters} iterations, {raw} has {iters}")
+            names = {r.name for r in more}
+            runs = [r for r in runs if r.name not in names] + more
+        order = list(RUNS)
+        runs.sort(key=lambda r: order.index(r.name) if r.name in order else len(order))
+        if a.merge:
+            save_runs(raw, iters, runs)
+    else:
+        names = [n for n in a.runs.split(",") if n]
+        unknown = [n for n in names if n not in RUNS]
+        if unknown:
+            p.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(RUNS)}")
+        iters, runs = a.iters, []
+        common = DEMO + ["--train-iters", str(iters), "--eval-interval", str(max(iters // 6, 1))]
+        os.makedirs(a.out, exist_ok=True)
+        for name in names:
+            try:
+                r = run_pretrain(name, 4, common + RUNS[name], port=29710)
+            except RuntimeError as e:   # keep going: one broken mode must not lose the rest
+                print(f"{name}: FAILED\n{str(e)[-2000:]}", flush=True)
+                continue
+            r.dp_history = dp_bytes_per_log(r.log)
+            average_dp(r)
+            runs.append(r)
+            print(f"{name}: final validation loss {r.final_valid:.4f}, "
+                  f"{r.steady_ms:.0f} ms/iter, dp {r.bytes_per_iter.get('dp', 0):.0f} B/iter",
+                  flush=True)
+            save_runs(raw, iters, runs)
+    text = table(runs, iters)
+    print("\n" + text)
+    atomic_write_text(os.path.join(a.out, "dp_modes.md"), text + "\n")
+    plot = os.path.join(a.out, "dp_modes_loss.png")
+    plot_losses(runs, plot, "demo GPT, dp=4: data-parallel modes")
+    print(f"table: {os.path.join(a.out, 'dp_modes.md')}\nloss curves: {plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""DiLoCo (Douillard et al. 2023) and Streaming DiLoCo (2025) on the dp channel.
+
+Each replica runs H inner optimizer steps on its own data with no dp traffic, then:
+
+    Delta_i = theta_g - theta_i (+ e_i)       pseudo-gradient (fp32), plus its codec residual
+    Delta   = mean_i Delta_i                  exact all-reduce (none) or a ShardedExchange
+                                              through fp16 / int8 / fixpoint-b / cocktail
+    m       = mu m + Delta                    outer SGD with Nesterov momentum (mu = 0: plain)
+    theta_g <- theta_g - lr (Delta + mu m)
+    theta_i <- theta_g                        inner optimizer state is kept, not reset
+
+Streaming: the stage's parameters are cut into F fragments (the tied embedding always in
+fragment 0, so the first and last stage sync it at the same step); fragment f syncs after
+inner step s (1-based) when s > f H/F and (s - f H/F) % H == 0, so one fragment's traffic
+goes out every H/F steps. F = 1 is plain DiLoCo. With a sync delay tau >= 1 a fragment's
+reduce runs on a background thread (its own process group) during the next tau inner steps;
+the outer update is applied after inner step s + tau, and the replica keeps what it learned
+in those tau steps: theta_i <- theta_g + (theta_i - theta_i at step s).
+
+Check (tests): H = 1, lr = 1, mu = 0, no compression, plain SGD inner optimizer == synchronous
+data-parallel SGD (averaging parameters after one linear step == stepping with the averaged
+gradient). With Adam it differs, by design.
+
+Bytes: counted when a sync happens (the log line averages them over its iterations); raw is
+what the gradient all-reduce of every inner step since the fragment's last sync would cost.
+State (checkpoint): theta_g, momentum and codec residual per fragment, exchange state.
+"""
+import threading
+import time
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from megatron.cc.grad_sync.param_sync import clone_state, copy_flat_, flatten, param_segments
+from megatron.cc.stats import ChannelStats
+
+
+def split_fragments(segments: Dict[str, List[torch.Tensor]], fragments: int) -> List[List]:
+    """F lists of parameters of about equal size, in model order; the embedding in the first."""
+    emb = segments.get("embedding", [])
+    rest = segments.get("params", [])
+    total = sum(p.numel() for p in emb + rest)
+    out: List[List[torch.Tensor]] = [list(emb)] + [[] for _ in range(fragments - 1)]
+    filled = sum(p.numel() for p in emb)
+    for p in rest:
+        f = min(fragments - 1, filled * fragments // max(total, 1))
+        out[f].append(p)
+        filled += p.numel()
+    return out
+
+
+class DiLoCoSync:
+    """dp mode `diloco`.
+
+    Args:
+        group: dp group of this stage.
+        stats: where "dp" bytes are counted.
+        inner_steps: H (--diloco-inner-steps).
+        outer_lr, outer_momentum: the outer Nesterov SGD (--diloco-outer-lr / -momentum).
+        exchange: None for an exact fp32 all-reduce, else a ShardedExchange (lossy codec:
+            the replica keeps its residual and adds it to its next pseudo-gradient).
+        fragments: F (--diloco-fragments), 1 <= F, H % F == 0.
+    """
+
+    def __init__(self, group, stats: ChannelStats, inner_steps: int = 100,
+                 outer_lr: float = 0.7, outer_momentum: float = 0.9, exchange=None,
+                 fragments: int = 1, sync_delay: int = 0, reduce_group=None):
+        if inner_steps < 1 or fragments < 1 or inner_steps % fragments:
+            raise ValueError(f"need inner_steps >= 1 divisible by fragments >= 1, got "
+                             f"{inner_steps}, {fragments}")
+        if not 0 <= sync_delay < inner_steps // fragments:
+            raise ValueError(f"sync_delay must be in [0, H/F), got {sync_delay}")
+        self.group, self.stats, self.H, self.F = group, stats, inner_steps, fragments
+        # the background reduce needs a group no other thread uses (see groups.clone_groups)
+        self.reduce_group = reduce_group if reduce_group is not None else group
+        self.world = dist.get_world_size(group)
+        self.lr, self.mu, self.exchange = outer_lr, outer_momentum, exchange
+        self.tau = sync_delay
+        self.global_copy: Optional[List[torch.Tensor]] = None   # theta_g per fragment
+        self.momentum: List[Optional[torch.Tensor]] = [None] * fragments
+        self.residual: List[Optional[torch.Tensor]] = [None] * fragments
+        self._inflight: Optional[dict] = None    # one fragment's overlapped reduce
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+
+    def __call__(self, model, iteration: int) -> None:
+        """Gradient phase: nothing crosses the dp group (inner steps are local)."""
+        if self.global_copy is None:   # params agree here (initialisation or a resumed sync)
+            self.global_copy = [flatten(f) for f in self._fragments(model)]
+
+    def _fragments(self, model):
+        return split_fragments(param_segments(model), self.F)
+
+    def due(self, step: int) -> List[int]:
+        """Fragments that sync after inner step `step` (1-based)."""
+        out = []
+        for f in range(self.F):
+            s = step - f * self.H // self.F
+            if s > 0 and s % self.H == 0:
+                out.append(f)
+        return out
+
+    def after_optimizer_step(self, model, iteration: int) -> None:
+        step = iteration + 1
+        t0 = time.perf_counter()
+        frags = None
+        if self._inflight is not None and step >= self._inflight["apply_at"]:
+            frags = self._fragments(model)
+            self._finish(frags)
+        due = self.due(step)
+        if not due and frags is None:
+            return
+        frags = frags or self._fragments(model)
+        for f in due:
+            snapshot = flatten(frags[f])
+            job = {"f": f, "snapshot": snapshot, "apply_at": step + self.tau,
+                   "delta": self.global_copy[f] - snapshot.to(self.global_copy[f].device),
+                   "iteration": iteration}
+            if self.tau == 0:
+                self._reduce(job)
+                self._apply(job, frags[job["f"]])
+            else:
+                self._inflight = job
+                self._thread = threading.Thread(target=self._reduce_guarded, args=(job,),
+                                                daemon=True)
+                self._thread.start()
+        self.stats.observe("dp wait ms", (time.perf_counter() - t0) * 1000)
+
+    def flush(self, model) -> None:
+        if self._inflight is not None:
+            self._finish(self._fragments(model))
+
+    # ---------------------------------------------------------------- outer step parts
+    def _reduce(self, job: dict) -> None:
+        """Mean pseudo-gradient of job's fragment (may run on a background thread)."""
+        f, delta = job["f"], job.pop("delta")
+        if self.exchange is None:
+            dist.all_reduce(delta, group=self.reduce_group)
+            delta /= self.world
+            job["sent"] = delta.numel() * delta.element_size()
+        else:
+            if self.residual[f] is not None:
+                delta += self.residual[f]
+            mean, dq, job["sent"] = self.exchange(delta, job["iteration"], key=str(f))
+            self.residual[f] = delta - dq
+            delta = mean
+        job["mean"] = delta
+
+    def _reduce_guarded(self, job: dict) -> None:
+        try:
+            self._reduce(job)
+        except BaseException as e:   # re-raised on the main thread by _finish
+            self._error = e
+
+    def _finish(self, frags) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError("DiLoCo outer reduce failed") from err
+        job, self._inflight = self._inflight, None
+        self._apply(job, frags[job["f"]])
+
+    def _apply(self, job: dict, params: List[torch.Tensor]) -> None:
+        """Outer Nesterov step on theta_g; the replica restarts from it, keeping whatever it
+        learned since the snapshot (the tau overlapped steps; nothing when tau = 0)."""
+        f, delta = job["f"], job["mean"]
+        g = self.global_copy[f]
+        if self.mu:
+            m = self.momentum[f]
+            m = delta.clone() if m is None else m.mul_(self.mu).add_(delta)
+            self.momentum[f] = m
+            delta = delta + self.mu * m          # Nesterov
+        g.sub_(delta, alpha=self.lr)
+        if self.tau:
+            local = flatten(params)
+            copy_flat_(params, (g + (local - job["snapshot"]).to(g.device)).to(params[0].device))
+        else:
+            copy_flat_(params, g.to(params[0].device))
+        # raw: an fp32 gradient all-reduce for every inner step since this fragment's last sync
+        self.stats.add("dp", job["sent"], g.numel() * 4 * self.H)
+
+    # ---------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict:
+        if self._thread is not None:     # keep the finished reduce, applied after resume
+            self._thread.join()
+            self._thread = None
+        return clone_state({"global_copy": self.global_copy, "momentum": self.momentum,
+                            "residual": self.residual, "inflight": self._inflight,
+                            "exchange": None if self.exchange is None
+                            else self.exchange.state_dict()})
+
+    def load_state_dict(self, sd: dict) -> None:
+        if not sd:
+            return
+        self.global_copy = clone_state(sd.get("global_copy"))
+        self.momentum = clone_state(sd.get("momentum", [None] * self.F))
+        self.residual = clone_state(sd.get("residual", [None] * self.F))
+        self._inflight = clone_state(sd.get("inflight"))
+        if self.exchange is not None and sd.get("exchange"):
+            self.exchange.load_state_dict(sd["exchange"])

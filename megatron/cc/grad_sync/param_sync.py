@@ -1,0 +1,59 @@
+"""What the parameter-syncing dp modes (cocktail, diloco, preduce, adpsgd) share.
+
+These modes leave each replica's gradient local (no dp all-reduce before the optimizer: the
+DDP buffers keep the replica's own mean gradient, DDP's 1/dp is never applied) and exchange
+parameters or parameter deltas after the optimizer step instead.
+
+Segments: the tied word embedding lives on the first and the last pipeline stage; both
+copies must stay identical, so it is always synchronised as a segment of its own (its own
+top-k, scales, fragment): the two stages then run the same computation on the same values.
+"""
+from typing import Dict, List
+
+import torch
+
+from megatron.cc.grad_sync.sync import shared_embedding_weight
+
+
+def param_segments(model) -> Dict[str, List[torch.Tensor]]:
+    """{"embedding": [tied weight]} (first/last stage only) and {"params": the rest}."""
+    emb = shared_embedding_weight(model)
+    rest = [p for p in model.parameters() if p.requires_grad and p is not emb]
+    out = {}
+    if emb is not None:
+        out["embedding"] = [emb]
+    if rest:
+        out["params"] = rest
+    return out
+
+
+def flatten(params: List[torch.Tensor]) -> torch.Tensor:
+    """fp32 flat copy of the parameters' values."""
+    return torch.cat([p.detach().reshape(-1).float() for p in params])
+
+
+def add_flat_(params: List[torch.Tensor], flat: torch.Tensor) -> None:
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.add_(flat[off:off + n].view_as(p).to(p.dtype))
+            off += n
+
+
+def copy_flat_(params: List[torch.Tensor], flat: torch.Tensor) -> None:
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[off:off + n].view_as(p))
+            off += n
+
+
+def clone_state(d: dict) -> dict:
+    """Tensors cloned, plain containers copied: safe to hand to a checkpoint writer."""
+    if isinstance(d, dict):
+        return {k: clone_state(v) for k, v in d.items()}
+    if isinstance(d, (list, tuple)):
+        return [clone_state(v) for v in d]
+    return d.detach().clone() if torch.is_tensor(d) else d

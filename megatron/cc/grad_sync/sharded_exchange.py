@@ -1,0 +1,118 @@
+"""Compressed all-reduce of a flat vector as a sharded exchange (CocktailSGD's server step).
+
+Replica r of a dp group of size D owns shard r of the vector (ceil(n / D) values, the last
+one zero-padded). One round, for every replica at once:
+
+    phase 1  each replica compresses every shard of its vector and sends shard j's payload
+             to replica j (one all_to_all of fixed-size byte buffers);
+    owner    averages the D decompressed copies of its shard in rank order, adds its server
+             error, compresses the result again (server error <- that minus what it sent);
+    phase 2  every owner's payload goes to everyone (all_gather); every replica decompresses
+             the same bytes in the same order, so the result is bit-identical everywhere.
+
+Returns the agreed update U (n,) and what this replica's phase-1 payloads decode to, dq (n,):
+the caller keeps x - dq as its own (worker-side) error. Payload sizes depend on n alone, so
+the buffers are pre-sized on both ends.
+
+Bytes are counted as an all-reduce message: a plain all-reduce of x bytes counts x (as the
+exact dp channel does), a compressed reduce-scatter + all-gather counts half of what both
+phases carry over all shards, so `raw / sent` compares the same ring traffic.
+"""
+from typing import List, Tuple
+
+import torch
+import torch.distributed as dist
+
+
+def payload_nbytes(codec, numel: int) -> int:
+    return sum(_prod(shape) * torch.empty((), dtype=dt).element_size()
+               for shape, dt in codec.flat_spec(numel))
+
+
+def _prod(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= int(s)
+    return out
+
+
+def to_bytes(payload: List[torch.Tensor]) -> torch.Tensor:
+    """Concatenate payload tensors into one uint8 buffer (views: no per-dtype messages)."""
+    return torch.cat([p.contiguous().reshape(-1).view(torch.uint8) for p in payload])
+
+
+def from_bytes(buf: torch.Tensor, spec) -> List[torch.Tensor]:
+    out, off = [], 0
+    for shape, dt in spec:
+        n = _prod(shape) * torch.empty((), dtype=dt).element_size()
+        seg = buf[off:off + n]
+        out.append((seg if dt == torch.uint8 else seg.clone()).view(dt).reshape(shape))  # align
+        off += n
+    return out
+
+
+class ShardedExchange:
+    """One compressed, sharded averaging round per call; owns the server-side error buffers.
+
+    Args:
+        group: the dp process group (the replicas of one pipeline stage).
+        worker_codec / server_codec: flat codecs of phase 1 and phase 2 (separate instances:
+            each keeps its own stochastic-rounding generator).
+    Server errors are keyed by the caller (one vector may be split into segments).
+    """
+
+    def __init__(self, group, worker_codec, server_codec):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.worker_codec, self.server_codec = worker_codec, server_codec
+        self.server_error = {}   # key -> (shard,) fp32 on the vector's device
+
+    def shard_size(self, numel: int) -> int:
+        return -(-numel // self.world)
+
+    def __call__(self, x: torch.Tensor, step: int, key: str = "") -> Tuple[torch.Tensor,
+                                                                          torch.Tensor, int]:
+        """(U, dq, bytes counted) for the flat fp32 vector x; collective over the group."""
+        n, D = x.numel(), self.world
+        s = self.shard_size(n)
+        chunks = torch.nn.functional.pad(x.float(), (0, s * D - n)).view(D, s)
+        wspec = self.worker_codec.flat_spec(s)
+        payloads = [self.worker_codec.compress(chunks[j], step) for j in range(D)]
+        dq = torch.cat([self.worker_codec.decompress(p, s, step) for p in payloads])[:n]
+        send = torch.stack([to_bytes(p) for p in payloads])          # (D, P1) uint8
+        # gloo (e.g. --dp-backend gloo across a WAN) with CUDA tensors: stage through the host
+        host = x.device.type != "cpu" and dist.get_backend(self.group) == "gloo"
+        wire = send.cpu() if host else send
+        recv = torch.empty_like(wire)
+        dist.all_to_all_single(recv, wire, group=self.group)
+        recv = recv.to(x.device)
+        mine = self.worker_codec.decompress(from_bytes(recv[0], wspec), s, step)
+        for j in range(1, D):   # fixed order: the owner's sum does not depend on arrival
+            mine += self.worker_codec.decompress(from_bytes(recv[j], wspec), s, step)
+        mine /= D
+        err = self.server_error.get(key)
+        if err is not None:
+            mine += err.to(mine.device)
+        p2 = self.server_codec.compress(mine, step)
+        self.server_error[key] = mine - self.server_codec.decompress(p2, s, step)
+        mine_bytes = to_bytes(p2)
+        wire = mine_bytes.cpu() if host else mine_bytes
+        gathered = [torch.empty_like(wire) for _ in range(D)]
+        dist.all_gather(gathered, wire, group=self.group)
+        gathered = [g.to(x.device) for g in gathered]
+        sspec = self.server_codec.flat_spec(s)
+        update = torch.cat([self.server_codec.decompress(from_bytes(g, sspec), s, step)
+                            for g in gathered])[:n]
+        counted = (send.numel() + D * mine_bytes.numel()) // 2
+        return update, dq, counted
+
+    def state_dict(self) -> dict:
+        return {"server_error": dict(self.server_error),
+                "worker_codec": self.worker_codec.state_dict(),
+                "server_codec": self.server_codec.state_dict()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.server_error = {k: v.clone() for k, v in sd.get("server_error", {}).items()}
+        self.worker_codec.load_state_dict(sd.get("worker_codec", {}))
+        self.server_codec.load_state_dict(sd.get("server_codec", {}))

@@ -1,0 +1,132 @@
+"""The dp modes inside the trainer: equivalences with all-reduce, resume, bad flags.
+
+- DiLoCo with H = 1, outer lr 1, momentum 0 and preduce with --ssp-bound 1, both over plain
+  SGD, train exactly like gradient all-reduce (parameter averaging after one linear step ==
+  stepping with the averaged gradient), to float rounding;
+- resume is bit-exact at (tp, pp, dp) = (1, 2, 2) with each mode on (8 straight iterations of
+  losses == 4 + save + load + 4), with every piece of mode state in the checkpoint: the
+  CocktailSGD exchange in flight at the save, its server errors and stochastic-rounding
+  generators, DiLoCo's global copy / momentum / residuals mid-period with streaming fragments.
+  preduce runs at --ssp-bound 1 here: its partial groups depend on arrival timing, so no two
+  runs with partial groups are reproducible, interrupted or not.
+"""
+import pytest
+
+from megatron.training.arguments import parse_args
+from megatron.training.config_flags import ConfigError
+from tests.conftest import tiny_gpt_argv
+from tests.distributed import run_distributed
+from tests.training import runner
+
+SGD = {"optimizer": "sgd", "sgd-momentum": 0.5, "lr": 0.05, "clip-grad": 0.0}
+
+
+def _final_params(trainer):
+    return [p.detach().reshape(-1).numpy().copy() for p in trainer.model.parameters()]
+
+
+def _equiv_worker(rank, world, corpus):
+    def run(**flags):
+        return runner._run(tiny_gpt_argv(corpus, **SGD, **flags), world, _final_params)
+    ref = run()
+    diloco = run(**{"dp-mode": "diloco", "diloco-inner-steps": 1, "diloco-outer-lr": 1.0,
+                    "diloco-outer-momentum": 0.0})
+    preduce = run(**{"dp-mode": "preduce", "ssp-bound": 1})
+    return ref, diloco, preduce
+
+
+def test_diloco_h1_and_preduce_ssp1_equal_allreduce(tiny_corpus):
+    import numpy as np
+    (ref, ref_w), (diloco, diloco_w), (_, preduce_w) = run_distributed(
+        _equiv_worker, 2, (tiny_corpus,), timeout=600)[-1]
+    assert ref[-1] < ref[0]
+    assert diloco == pytest.approx(ref, rel=1e-5, abs=1e-5)
+    # weights after 5 steps (preduce logs each replica's own loss, so compare the weights)
+    for w in (diloco_w, preduce_w):
+        for a, b in zip(ref_w, w):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+MODES = {
+    "cocktail": {"dp-mode": "cocktail_sgd", "cocktail-warmup-steps": 2,
+                 "stochastic-rounding": True, "cocktail-random-ratio": 0.5},
+    "diloco": {"dp-mode": "diloco", "diloco-inner-steps": 4, "diloco-fragments": 2,
+               "diloco-compression": "int8"},
+    # a reduce in flight at the save (fragment 1 starts after step 4, applied after step 6)
+    "diloco-delay": {"dp-mode": "diloco", "diloco-inner-steps": 8, "diloco-fragments": 2,
+                     "diloco-sync-delay": 2, "diloco-outer-momentum": 0.5},
+    "preduce": {"dp-mode": "preduce", "ssp-bound": 1},
+    "adpsgd": {"dp-mode": "adpsgd"},
+}
+
+
+def _resume_worker(rank, world, corpus, root):
+    import torch.distributed as dist
+    out = {}
+    for name, flags in MODES.items():
+        common = {"pipeline-model-parallel-size": 2, "train-iters": 8, **flags}
+        ckpt = f"{root}/{name}"
+        straight = runner.train(tiny_gpt_argv(corpus, **common), world)
+        first = runner.train(tiny_gpt_argv(corpus, **common, save=ckpt,
+                                           **{"exit-interval": 4}), world)
+        dist.barrier()
+        resumed = runner.train(tiny_gpt_argv(corpus, **common, load=ckpt), world)
+        out[name] = (straight, first, resumed)
+    out["composed"] = runner._run(tiny_gpt_argv(corpus, **COMPOSED), world, _embedding)
+    return out
+
+
+# CocktailSGD with every other channel compressed: fixpoint fwd, CB + LEP bwd, FE flag
+COMPOSED = {"pipeline-model-parallel-size": 2, "dp-mode": "cocktail_sgd",
+            "forward-compress-method": "fixpoint", "inter-grad-comp": True,
+            "inter-grad-comp-rank": 2, "use-error-feedback": True, "emb-comm-opt": True}
+
+
+def _embedding(trainer):
+    from megatron.core import parallel_state as ps
+    from megatron.cc.grad_sync.sync import shared_embedding_weight
+    w = shared_embedding_weight(trainer.model)
+    return (ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank(),
+            None if w is None else w.detach().numpy().copy())
+
+
+def test_resume_bit_exact_with_each_dp_mode(tiny_corpus, tmp_path):
+    import numpy as np
+    everyone = run_distributed(_resume_worker, 4, (tiny_corpus, str(tmp_path)), timeout=900)
+    res = everyone[-1]
+    for name in MODES:
+        straight, first, resumed = res[name]
+        assert len(straight) == 8 and first == straight[:4], name
+        assert resumed == straight[4:], (name, resumed, straight[4:])
+    # composed run: it learns, and the tied embedding's two copies (first and last stage of a
+    # replica) stay bit-identical although each stage runs its own compressed exchange
+    losses, _ = res["composed"]
+    assert losses[-1] < losses[0]
+    emb = {(st, d): w for _, (st, d, w) in (r["composed"] for r in everyone)}
+    for d in range(2):
+        np.testing.assert_array_equal(emb[(0, d)], emb[(1, d)])
+    assert not np.array_equal(emb[(0, 0)], emb[(0, 1)])   # replicas differ (worker error)
+
+
+@pytest.mark.parametrize("flags,world,needle", [
+    ({"dp-mode": "cocktail_sgd", "grad-comp": True}, 2, "--grad-comp"),
+    ({"dp-mode": "cocktail", "cocktail-topk-ratio": 1.5}, 2, "--cocktail-topk-ratio"),
+    ({"dp-mode": "cocktail", "cocktail-random-ratio": 0.0}, 2, "--cocktail-random-ratio"),
+    ({"dp-mode": "cocktail", "cocktail-bits": 9}, 2, "--cocktail-bits"),
+    ({"dp-mode": "diloco", "diloco-inner-steps": 0}, 2, "--diloco-inner-steps"),
+    ({"dp-mode": "diloco", "diloco-inner-steps": 10, "diloco-fragments": 3}, 2,
+     "--diloco-fragments"),
+    ({"dp-mode": "diloco", "diloco-compression": "int3"}, 2, "--diloco-compression"),
+    ({"dp-mode": "diloco", "diloco-inner-steps": 4, "diloco-fragments": 2,
+      "diloco-sync-delay": 2}, 2, "--diloco-sync-delay"),
+    ({"dp-mode": "diloco", "diloco-outer-momentum": 1.0}, 2, "--diloco-outer-momentum"),
+    ({"dp-mode": "preduce"}, 1, "data-parallel size is 1"),
+    ({"dp-mode": "preduce", "ssp-bound": 0}, 2, "--ssp-bound"),
+    ({"dp-mode": "adpsgd", "hetero": 1.0}, 2, "--hetero"),
+    ({"diloco-inner-steps": 5}, 2, "--diloco-inner-steps configures --dp-mode diloco"),
+    ({"dp-mode": "preduce", "cocktail-topk-ratio": 0.5}, 2, "--cocktail-topk-ratio"),
+    ({"dp-mode": "preduce", "dp-backend": "gloo"}, 2, "--dp-backend"),
+])
+def test_bad_dp_mode_flags_are_rejected(tiny_corpus, flags, world, needle):
+    with pytest.raises(ConfigError, match=needle.replace("-", r"\-")):
+        parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=world)
