@@ -22,6 +22,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron.training.channels import build_grad_sync, build_pipeline_channels
 from megatron.cc.schedule import forward_backward_1f1b, forward_backward_no_pipelining, run_backward
+from megatron.cc.schedule_overlap import forward_backward_1f1b_overlap
 from megatron.cc.stats import ChannelStats
 from megatron.training import data as data_mod
 from megatron.training.checkpointing import CheckpointManager
@@ -191,6 +192,11 @@ class Trainer:
         step = StageStep(self, dataset, consumed, forward_only)
         if self.args.pp == 1:
             forward_backward_no_pipelining(step, self.args.num_microbatches, forward_only)
+        elif self.args.parallel.overlap_p2p_comm:
+            forward_backward_1f1b_overlap(step, self.channels, self.args.num_microbatches,
+                                          self.iteration, ps.get_pipeline_model_parallel_rank(),
+                                          self.args.pp, forward_only,
+                                          prefetch=dist.get_backend() != "nccl")
         else:
             forward_backward_1f1b(step, self.channels, self.args.num_microbatches,
                                   self.iteration, ps.get_pipeline_model_parallel_rank(),
@@ -200,6 +206,7 @@ class Trainer:
     def train_step(self) -> Dict[str, float]:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
+        self.grad_sync.begin(self.model, self.iteration)   # --overlap-grad-reduce hooks
         step = self.forward_backward(self.train_ds, self.consumed_samples % self.epoch_samples)
         self.grad_sync(self.model, self.iteration)
         ok, grad_norm, _ = self.optimizer.step()
@@ -269,7 +276,11 @@ class Trainer:
             self.writer.add_scalar("grad-norm", metrics["grad norm"], self.iteration)
             self.writer.add_scalar("tokens-per-second", tokens_per_s, self.iteration)
             for c, v in totals.items():
-                self.writer.add_scalar(f"bytes/{c}", v["sent"] / max(iters, 1), self.iteration)
+                if "sent" in v:
+                    self.writer.add_scalar(f"bytes/{c}", v["sent"] / max(iters, 1), self.iteration)
+                elif "seconds" in v:   # "<channel> wait": ms per iteration, mean over ranks
+                    self.writer.add_scalar(f"wait-ms/{c[:-5]}", 1000 * v["seconds"] / v["ranks"]
+                                           / max(iters, 1), self.iteration)
 
     @torch.no_grad()
     def evaluate(self) -> Optional[float]:

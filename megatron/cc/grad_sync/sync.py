@@ -140,6 +140,11 @@ class GradSync:
     def __init__(self, dp, emb):
         self.dp, self.emb = dp, emb
 
+    def begin(self, model, iteration: int) -> None:
+        """Before forward/backward: an overlapped dp channel arms its gradient hooks."""
+        if hasattr(self.dp, "begin"):
+            self.dp.begin(model, iteration)
+
     def __call__(self, model, iteration: int) -> None:
         self.dp(model, iteration)
         self.emb(model, iteration)
