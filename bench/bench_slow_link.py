@@ -219,7 +219,11 @@ class SlowLink:
 
     def __enter__(self):
         atexit.register(self.close)
-        return self.open()
+        try:
+            return self.open()
+        except BaseException:   # __exit__ is not called when __enter__ raises
+            self.close()
+            raise
 
     def __exit__(self, *exc):
         self.close()

@@ -43,7 +43,9 @@ def _channels(trainer):
     plans = [getattr(o, n, None) for o in (dp, getattr(dp, "exact", None))
              for n in ("_exact_plan", "_psgd_plan")]
     early = [(p.early, len(p.need)) for p in plans if p is not None]
-    return {c: v for c, v in ChannelStats.merge(snaps).items() if "sent" in v}, early
+    totals = ChannelStats.merge(snaps)
+    waits = sorted(c for c, v in totals.items() if "seconds" in v)
+    return {c: v for c, v in totals.items() if "sent" in v}, early, waits
 
 
 def _worker(rank, world, corpus, tp, pp, families):
@@ -62,8 +64,12 @@ def test_overlap_gives_identical_losses_and_bytes(tiny_corpus, world):
     tp, pp, families = LAYOUTS[world]
     out = run_distributed(_worker, world, (tiny_corpus, tp, pp, families), timeout=900)[-1]
     for name in families:
-        (sync_losses, (sync_bytes, none)), (ovl_losses, (ovl_bytes, early)) = \
+        (sync_losses, (sync_bytes, none, sync_waits)), (ovl_losses, (ovl_bytes, early,
+                                                                     ovl_waits)) = \
             out[name, False], out[name, True]
+        # both paths time every channel that crosses between ranks (emb: tied, pp > 1)
+        expected = ["emb wait", "pp-bwd wait", "pp-fwd wait"] + (["dp wait"] if world > 2 else [])
+        assert sync_waits == ovl_waits == sorted(expected), (name, sync_waits, ovl_waits)
         assert none == []                               # synchronous: no overlap machinery
         assert len(sync_losses) == 4 and all(l == l for l in sync_losses), name
         assert ovl_losses == sync_losses, (name, sync_losses, ovl_losses)

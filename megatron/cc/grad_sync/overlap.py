@@ -122,7 +122,8 @@ class _Overlapped:
         t0 = time.perf_counter()
         for w in works:
             w.wait()
-        self.stats.add_wait("dp", time.perf_counter() - t0)
+        if self.world > 1:   # nothing crosses a group of one
+            self.stats.add_wait("dp", time.perf_counter() - t0)
 
 
 class OverlappedExactSync(ExactDataParallelSync, _Overlapped):
