@@ -371,7 +371,7 @@ def plot(records: List[dict], path: str) -> None:
         pts = sorted((rate_bits(r["rate"]) if r["rate"] != "none" else free, r["ms_per_iter"])
                      for r in records if (r["config"], r["overlap"]) == (name, ovl))
         ax.plot([p[0] / 1e6 for p in pts], [p[1] for p in pts], "o-" if ovl else "s--",
-                color=f"C{list(CONFIGS).index(name) % 10}",
+                color=plt.cm.tab20(list(CONFIGS).index(name) % 20),   # one colour per configuration
                 label=f"{name} ({'overlap' if ovl else 'sync'})")
     ax.set_xscale("log")
     ax.set_yscale("log")
