@@ -12,6 +12,7 @@ transfers go through `torch.distributed.batch_isend_irecv` (megatron.cc.transpor
 gloo with CUDA tensors staged through pinned host memory);
 combined send+receive ops post both before waiting, as Megatron does, so 1F1B cannot deadlock.
 """
+import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
@@ -85,6 +86,42 @@ def _device():
         else torch.device("cpu")
 
 
+class PendingExchange:
+    """The handles of one posted batch: wait for the send and the receive separately.
+
+    Time spent in the waits is added to the stats per channel (`<channel> wait ms` in the log
+    line): it is host time the step was blocked, measured with a clock and no device sync.
+    """
+
+    def __init__(self, channels, send_reqs, payload, send_channel, recv_reqs, recv_spec):
+        self.channels = channels
+        self.send_reqs, self.payload, self.send_channel = send_reqs, payload, send_channel
+        self.recv_reqs, self.recv_spec = recv_reqs, recv_spec
+        self._out = None
+
+    def wait_send(self) -> None:
+        """The payload may be freed or reused after this."""
+        if self.send_reqs:
+            _timed_wait(self.send_reqs, self.channels.stats, self.send_channel)
+        self.send_reqs, self.payload = [], None
+
+    def result(self) -> Optional[torch.Tensor]:
+        """The decoded received tensor (waits for it the first time)."""
+        if self.recv_spec is not None and self._out is None:
+            link, msg, bufs = self.recv_spec
+            _timed_wait(self.recv_reqs, self.channels.stats, link.channel if msg.train else None)
+            self._out = self.channels._decode(link, msg, bufs)
+        return self._out
+
+
+def _timed_wait(reqs, stats: ChannelStats, channel: Optional[str]) -> None:
+    t0 = time.perf_counter()
+    for r in reqs:
+        r.wait()
+    if channel is not None:
+        stats.add_wait(channel, time.perf_counter() - t0)
+
+
 class PipelineChannels:
     """Send/receive of activations and their gradients for one pipeline stage.
 
@@ -106,7 +143,18 @@ class PipelineChannels:
 
     # -- one call = one batch of isend/irecv posted together, then waited for --------------
     def _exchange(self, send: Optional[tuple], recv: Optional[tuple]) -> Optional[torch.Tensor]:
-        sends, recvs, out = [], [], None
+        pending = self.post(send, recv)
+        pending.wait_send()
+        return pending.result() if recv is not None else None
+
+    def post(self, send: Optional[tuple], recv: Optional[tuple]) -> "PendingExchange":
+        """Encode and post one batch (send=(link, x, msg), recv=(link, msg)); do not wait.
+
+        The synchronous calls below are post + wait; the overlapped schedule
+        (schedule_overlap.py) posts the same batches in the same order and waits later, so
+        encode/decode order per link, the policy decisions and the byte counts are unchanged.
+        """
+        sends, recvs, payload, recv_spec = [], [], None, None
         if send is not None:
             link, x, msg = send
             payload = link.encode(x, msg)
@@ -120,14 +168,19 @@ class PipelineChannels:
             link, msg = recv
             bufs = link.buffers(self.shape, self.dtype, msg)
             recvs = [(b, link.peer) for b in bufs]
+            recv_spec = (link, msg, bufs)
         if self.transport is None:
             self.transport = P2PTransport()
-        self.transport.exchange(sends, recvs)
-        if recv is not None:
-            out = link.decode(bufs, self.shape, self.dtype, msg)
-            out = out.to(self.dtype).requires_grad_(recv[0].channel == "pp-fwd")
-            if self.probe is not None and recv[0].channel == "pp-fwd" and msg.train:
-                self.probe.activation(out)
+        send_reqs, recv_reqs = self.transport.post(sends, recvs)
+        # evaluation passes are not training traffic: neither their bytes nor their waits count
+        send_channel = send[0].channel if send is not None and send[2].train else None
+        return PendingExchange(self, send_reqs, payload, send_channel, recv_reqs, recv_spec)
+
+    def _decode(self, link: Link, msg: Message, bufs) -> torch.Tensor:
+        out = link.decode(bufs, self.shape, self.dtype, msg)
+        out = out.to(self.dtype).requires_grad_(link.channel == "pp-fwd")
+        if self.probe is not None and link.channel == "pp-fwd" and msg.train:
+            self.probe.activation(out)
         return out
 
     def recv_forward(self, msg: Message) -> Optional[torch.Tensor]:

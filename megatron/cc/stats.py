@@ -24,6 +24,11 @@ class ChannelStats:
         self.raw: Dict[str, int] = defaultdict(int)
         self.messages: Dict[str, int] = defaultdict(int)
         self.diagnostics: Dict[str, list] = {}   # name -> [sum, count]
+        self.wait: Dict[str, float] = defaultdict(float)  # seconds the step blocked on a channel
+
+    def add_wait(self, channel: str, seconds: float) -> None:
+        """Host time spent waiting for `channel`'s transfers (a clock; no device sync)."""
+        self.wait[channel] += seconds
 
     def observe(self, name: str, value) -> None:
         """A diagnostic value (float or 0-dim tensor, summed on its device and read only by
@@ -42,12 +47,16 @@ class ChannelStats:
         self.raw.clear()
         self.messages.clear()
         self.diagnostics.clear()
+        self.wait.clear()
 
     def snapshot(self) -> Dict[str, Dict[str, int]]:
         snap = {c: {"sent": self.sent[c], "raw": self.raw[c], "messages": self.messages[c]}
                 for c in CHANNELS if self.messages[c]}
         for name, (total, count) in self.diagnostics.items():
             snap[name] = {"sum": float(total), "count": count}  # the one sync, at log time
+        for c in CHANNELS:
+            if self.wait.get(c):
+                snap[f"{c} wait"] = {"seconds": self.wait[c], "ranks": 1}
         return snap
 
     @staticmethod
@@ -75,12 +84,18 @@ class ChannelStats:
         for name, v in totals.items():
             if "count" in v and v["count"]:
                 parts.append(f"{name}: {v['sum'] / v['count']:.4g}")
+        for c in CHANNELS:
+            v = totals.get(f"{c} wait")
+            if v:  # the mean over the ranks that waited, per iteration
+                ms = 1000.0 * v["seconds"] / v["ranks"] / max(iterations, 1)
+                parts.append(f"{c} wait ms: {ms:.1f}")
         return " | ".join(parts)
 
 
 def _human(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1024 or unit == "GB":
-            return f"{n:.1f}{unit}" if unit != "B" else f"{int(n)}B"
+            # 3 decimals: within 0.1% of the exact count (bench_slow_link compares with the wire)
+            return f"{n:.3f}{unit}" if unit != "B" else f"{int(n)}B"
         n /= 1024.0
-    return f"{n:.1f}GB"
+    return f"{n:.3f}GB"

@@ -27,24 +27,46 @@ class P2PTransport:
 
     def exchange(self, sends: Sequence[Transfer], recvs: Sequence[Transfer]) -> None:
         """Post every send and receive together, then wait for all (no 1F1B deadlock)."""
+        send_reqs, recv_reqs = self.post(sends, recvs)
+        for req in send_reqs + recv_reqs:
+            req.wait()
+
+    def post(self, sends: Sequence[Transfer], recvs: Sequence[Transfer]) -> tuple:
+        """Post every send and receive together without waiting: (send handles, receive
+        handles), each with `wait()`. A staged receive's handle copies the pinned buffer up
+        to its destination when waited for."""
         host_sends = [(self._to_host(t), p) if self._staged(t) else (t, p) for t, p in sends]
         host_recvs = [(_pinned_like(t), p) if self._staged(t) else (t, p) for t, p in recvs]
         if any(self._staged(t) for t, _ in sends):
             torch.cuda.current_stream().synchronize()  # the pinned copies must be complete
         ops = [dist.P2POp(dist.isend, t, p, group=self.group) for t, p in host_sends]
         ops += [dist.P2POp(dist.irecv, t, p, group=self.group) for t, p in host_recvs]
-        if ops:
-            for req in dist.batch_isend_irecv(ops):
-                req.wait()
-        for (dst, _), (src, _) in zip(recvs, host_recvs):
-            if src is not dst:
-                dst.copy_(src, non_blocking=True)
+        reqs = dist.batch_isend_irecv(ops) if ops else []
+        # the staged send buffers live as long as their handles
+        send_reqs = [_Staged(r, host) for r, (host, _) in zip(reqs[:len(sends)], host_sends)]
+        recv_reqs = [_Staged(r, src, dst) for r, (dst, _), (src, _)
+                     in zip(reqs[len(sends):], recvs, host_recvs)]
+        return send_reqs, recv_reqs
 
     @staticmethod
     def _to_host(t: torch.Tensor) -> torch.Tensor:
         host = _pinned_like(t)
         host.copy_(t, non_blocking=True)
         return host
+
+
+class _Staged:
+    """A request handle that keeps its host buffer alive and, for a staged receive, copies it
+    to the device tensor once the transfer is complete."""
+
+    def __init__(self, req, src: torch.Tensor, dst: Optional[torch.Tensor] = None):
+        self.req, self.src, self.dst = req, src, dst
+
+    def wait(self) -> None:
+        self.req.wait()
+        if self.dst is not None and self.dst is not self.src:
+            self.dst.copy_(self.src, non_blocking=True)
+            self.dst = None
 
 
 def _pinned_like(t: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,18 @@ class ParallelArgs:
     distributed_timeout_minutes: float = flag(
         10, "Timeout (minutes) of every collective, process-group creation and start-up "
             "handshake; a rank stuck longer fails with the name of the collective.")
+    # ---- communication overlap (issue 11); off = the synchronous reference path
+    overlap_p2p_comm: bool = flag(
+        False, "Pipeline sends are posted and waited for only at the end of the step, and "
+               "(gloo) each receive is posted one micro-batch before it is needed, so transfers "
+               "run during compute. Same messages, codecs and losses as without.")
+    overlap_grad_reduce: bool = flag(
+        False, "Data-parallel gradients (exact and --grad-comp PowerSGD) are synchronised "
+               "bucket by bucket as soon as the last micro-batch's backward has produced them, "
+               "instead of after the whole backward. Same results as without.")
+    ddp_bucket_size: Optional[int] = flag(
+        None, "Elements per gradient bucket of --overlap-grad-reduce; default "
+              "max(40M, 1M x dp), megatron-core's.")
 
     def validate(self, world_size: int) -> None:
         tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
@@ -40,6 +52,12 @@ class ParallelArgs:
                 f"world size ({world_size}) is not divisible by --tensor-model-parallel-size "
                 f"({tp}) x --pipeline-model-parallel-size ({pp}) = {tp * pp}; launch a multiple "
                 f"of {tp * pp} processes or change the parallel sizes")
+
+        if self.ddp_bucket_size is not None and self.ddp_bucket_size < 1:
+            raise ConfigError(f"--ddp-bucket-size must be >= 1 element, got {self.ddp_bucket_size}")
+        if self.ddp_bucket_size is not None and not self.overlap_grad_reduce:
+            raise ConfigError("--ddp-bucket-size cuts the gradients for --overlap-grad-reduce; "
+                              "add --overlap-grad-reduce or drop it")
 
     def data_parallel_size(self, world_size: int) -> int:
         return world_size // (self.tensor_model_parallel_size * self.pipeline_model_parallel_size)

@@ -70,6 +70,20 @@ def build_pipeline_channels(args, config, stats, epoch_samples=None) -> Pipeline
     return channels
 
 
+def overlapped(dp, args):
+    """The --overlap-grad-reduce twin of a dp channel (same state, same results)."""
+    from megatron.cc.grad_sync.overlap import OverlappedExactSync, OverlappedPowerSGDSync
+    kw = dict(bucket_size=args.parallel.ddp_bucket_size, num_microbatches=args.num_microbatches)
+    if isinstance(dp, PowerSGDDataParallelSync):
+        return OverlappedPowerSGDSync(dp.group, dp.stats, rank=dp.rank,
+                                      warm_up_iters=dp.warm_up_iters,
+                                      exclude_embedding=dp.exclude_embedding, seed=dp.seed,
+                                      eps=dp.eps, **kw)
+    if type(dp) is ExactDataParallelSync:
+        return OverlappedExactSync(dp.group, dp.stats, dp.exclude_embedding, **kw)
+    return dp   # a dp mode without an overlapped twin stays synchronous
+
+
 def build_grad_sync(args, model, stats) -> GradSync:
     """dp channel (exact, or PowerSGD on the first k stages) + emb channel (plain or fused).
 
@@ -92,6 +106,8 @@ def build_grad_sync(args, model, stats) -> GradSync:
     else:
         dp = ExactDataParallelSync(dp_group, stats, exclude_embedding=fused,
                                    use_group=own_group)
+    if args.parallel.overlap_grad_reduce:
+        dp = overlapped(dp, args)
     if c.hetero:   # emulated slow replicas, for comparing with the dp modes under --hetero
         from megatron.cc.grad_sync.hetero import HeteroDelay
         dp = HeteroDelay(dp, c.hetero, args.training.seed, ps.get_data_parallel_rank())

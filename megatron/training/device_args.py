@@ -31,11 +31,7 @@ class GpuArgs:
     overlap_param_gather: bool = flag(
         False, "With --use-distributed-optimizer: overlap the parameter all-gather with the "
                "next forward.")
-    # shared with issue 11 ------------------------------------------------------------
-    overlap_grad_reduce: bool = flag(
-        False, "Exact dp mode: megatron-core DDP all-reduces (or reduce-scatters) gradient "
-               "buckets while backward runs.")
-    # end shared with issue 11 --------------------------------------------------------
+    # --overlap-grad-reduce is ParallelArgs': our own dp channels (exact, PowerSGD) overlap
     # --dp-backend (the dp channel's transport) is CompressionConfig's: it serves every dp mode
     pp_backend: Optional[str] = flag(
         None, "Transport of the pipeline channels: nccl or gloo (CUDA tensors are staged "
@@ -77,13 +73,13 @@ def validate_gpu_args(args) -> None:
     (our compressed / fused gradient channels replace its all-reduce)."""
     g, c = args.gpu, args.compression
     g.validate(args.model.fp16)
-    ddp_owned = g.use_distributed_optimizer or g.overlap_grad_reduce
+    ddp_owned = g.use_distributed_optimizer
     if ddp_owned and (c.grad_comp or (c.emb_comm_opt and args.pp > 1)):
-        raise ConfigError("--use-distributed-optimizer / --overlap-grad-reduce run megatron-core's "
-                          "own gradient sync: drop --grad-comp and --emb-comm-opt, or these flags")
+        raise ConfigError("--use-distributed-optimizer runs megatron-core's own gradient sync: "
+                          "drop --grad-comp and --emb-comm-opt, or this flag")
     if ddp_owned and c.dp_backend is not None:
         raise ConfigError("--dp-backend gives the dp channel its own group, which megatron-core's "
-                          "own gradient sync (--use-distributed-optimizer / --overlap-grad-reduce) "
+                          "own gradient sync (--use-distributed-optimizer) "
                           "does not use; drop one")
     if g.use_distributed_optimizer and args.dp > 1 and args.checkpoint.save:
         raise ConfigError("--use-distributed-optimizer shards Adam's state over data-parallel "

@@ -23,6 +23,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.training.channels import build_grad_sync, build_pipeline_channels
 from megatron.cc.schedule import forward_backward_1f1b, forward_backward_no_pipelining, run_backward
 from megatron.cc.gpipe import forward_backward_gpipe
+from megatron.cc.schedule_overlap import forward_backward_1f1b_overlap
 from megatron.cc.stats import ChannelStats
 from megatron.training import data as data_mod
 from megatron.training import comp_summary
@@ -132,7 +133,7 @@ class Trainer:
                                 post_process=ps.is_pipeline_last_stage())
         g = self.args.gpu
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=g.overlap_grad_reduce,
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
             use_distributed_optimizer=g.use_distributed_optimizer,
             overlap_param_gather=g.overlap_param_gather, bucket_size=None)
         return DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=model)
@@ -229,6 +230,11 @@ class Trainer:
             forward_backward_no_pipelining(step, M, forward_only)
         elif self.args.compat.pp_mode == "gpipe":
             forward_backward_gpipe(step, self.channels, M, self.iteration, forward_only)
+        elif self.args.parallel.overlap_p2p_comm:
+            forward_backward_1f1b_overlap(step, self.channels, M,
+                                          self.iteration, ps.get_pipeline_model_parallel_rank(),
+                                          self.args.pp, forward_only,
+                                          prefetch=dist.get_backend() != "nccl")
         else:
             forward_backward_1f1b(step, self.channels, M,
                                   self.iteration, ps.get_pipeline_model_parallel_rank(),
@@ -246,6 +252,7 @@ class Trainer:
         self._set_batch_size()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
+        self.grad_sync.begin(self.model, self.iteration)   # --overlap-grad-reduce hooks
         step = self.forward_backward(self.train_ds, self.consumed_samples % self.epoch_samples)
         self.grad_sync(self.model, self.iteration)
         ok, grad_norm, _ = self.optimizer.step()
@@ -333,7 +340,11 @@ class Trainer:
             self.writer.add_scalar("grad-norm", metrics["grad norm"], self.iteration)
             self.writer.add_scalar("tokens-per-second", tokens_per_s, self.iteration)
             for c, v in totals.items():
-                self.writer.add_scalar(f"bytes/{c}", v["sent"] / max(iters, 1), self.iteration)
+                if "sent" in v:
+                    self.writer.add_scalar(f"bytes/{c}", v["sent"] / max(iters, 1), self.iteration)
+                elif "seconds" in v:   # "<channel> wait": ms per iteration, mean over ranks
+                    self.writer.add_scalar(f"wait-ms/{c[:-5]}", 1000 * v["seconds"] / v["ranks"]
+                                           / max(iters, 1), self.iteration)
 
     @torch.no_grad()
     def evaluate(self) -> Optional[float]:

@@ -14,11 +14,11 @@ from megatron.training.arguments import ConfigError, parse_args
     (["--loss-scale", "1024"], "--loss-scale sets fp16 loss scaling; add --fp16"),
     (["--loss-scale-window", "10"], "--loss-scale-window sets fp16"),
     (["--overlap-param-gather"], "--overlap-param-gather needs --use-distributed-optimizer"),
-    (["--dp-backend", "nccl"], "--dp-backend nccl needs CUDA"),
+    (["--dp-backend", "nccl"], "--dp-backend nccl needs GPUs"),
     (["--pp-backend", "nccl"], "--pp-backend nccl needs CUDA"),
     (["--use-distributed-optimizer", "--grad-comp", "--pipeline-model-parallel-size", "2"],
      "drop --grad-comp"),
-    (["--overlap-grad-reduce", "--dp-backend", "gloo"], "--dp-backend gives the dp channel"),
+    (["--use-distributed-optimizer", "--dp-backend", "gloo"], "--dp-backend gives the dp channel"),
     (["--bf16"], "need GPUs"),
 ])
 def test_bad_gpu_flags_are_refused(flags, message):

@@ -13,6 +13,8 @@ With fused embedding sync (FE) the tied embedding gradient must stay out of the 
 as (at most two) contiguous views of the buffer itself -- no copy, and the embedding's bytes
 never cross the dp group.
 """
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -138,15 +140,32 @@ class EmbeddingSync:
         pass
 
 
+def _timed(channel, model, iteration: int, name: str) -> None:
+    """Run a channel; a synchronous one blocks the step for its whole call ("<name> wait ms").
+    Overlapped channels (a `begin` method) time their own waits."""
+    group = getattr(channel, "group", None)
+    if hasattr(channel, "begin") or group is None or dist.get_world_size(group) < 2:
+        channel(model, iteration)
+        return
+    t0 = time.perf_counter()
+    channel(model, iteration)
+    channel.stats.add_wait(name, time.perf_counter() - t0)
+
+
 class GradSync:
     """dp channel then emb channel; checkpointable as one component."""
 
     def __init__(self, dp, emb):
         self.dp, self.emb = dp, emb
 
+    def begin(self, model, iteration: int) -> None:
+        """Before forward/backward: an overlapped dp channel arms its gradient hooks."""
+        if hasattr(self.dp, "begin"):
+            self.dp.begin(model, iteration)
+
     def __call__(self, model, iteration: int) -> None:
-        self.dp(model, iteration)
-        self.emb(model, iteration)
+        _timed(self.dp, model, iteration, "dp")
+        _timed(self.emb, model, iteration, "emb")
 
     @property
     def lockstep(self) -> bool:

@@ -1,0 +1,149 @@
+"""bench/bench_slow_link.py without root: its parsing, its arithmetic and its clean-up."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+import bench_slow_link as bsl  # noqa: E402
+
+# a log line as the training loop prints it (with --overlap-p2p-comm, pp=2)
+LINE = (" iteration        3/       4 | consumed samples:           96 | elapsed time per "
+        "iteration (ms): 6337.6 | learning rate: 1.000000E-04 | global batch size:    32 | "
+        "lm loss: 8.005147E+00 | grad norm: 2.168 | number of skipped iterations:   0 | "
+        "tokens/s: 1293 | pp-fwd bytes: 1.004MB (x8.0) | pp-bwd bytes: 640.000KB (x12.8) | "
+        "pp-fwd wait ms: 300.7 | pp-bwd wait ms: 1049.1 | dp wait ms: 0.0 |")
+
+NET_DEV = """Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0
+mcc1x: 1000200     300    0    0    0     0          0         0  5000660     700    0    0    0     0       0          0
+"""
+
+
+def test_parse_line_reads_the_log_line_of_the_trainer():
+    rec = bsl.parse_line(LINE)
+    assert rec["iteration"] == 3 and rec["ms"] == 6337.6 and rec["loss"] == 8.005147
+    assert rec["bytes"] == {"pp-fwd": 1.004 * 1024 ** 2, "pp-bwd": 640.0 * 1024}
+    assert rec["wait_ms"] == {"pp-fwd": 300.7, "pp-bwd": 1049.1, "dp": 0.0}
+    assert bsl.parse_line(" validation loss at iteration 3 | lm loss value: 1 |") is None
+
+
+def test_the_line_format_is_the_one_stats_prints():
+    """The bench parses ChannelStats.format's own output (exact to 0.1% at 3 decimals)."""
+    from megatron.cc.stats import ChannelStats
+    s = ChannelStats()
+    s.add("pp-fwd", 1_052_672, 8 * 1_052_672)
+    s.add_wait("pp-bwd", 0.25)
+    text = ChannelStats.format(ChannelStats.merge([s.snapshot()]), iterations=1)
+    rec = bsl.parse_line(" iteration 1/ 2 | elapsed time per iteration (ms): 5.0 | "
+                         "lm loss: 1.0E+00 | " + text + " |")
+    assert abs(rec["bytes"]["pp-fwd"] - 1_052_672) <= 1e-3 * 1_052_672
+    assert rec["wait_ms"] == {"pp-bwd": 250.0}
+
+
+def test_net_dev_and_wire_payload():
+    c = bsl.parse_net_dev(NET_DEV, "mcc1x")
+    assert c == {"rx_bytes": 1000200, "rx_packets": 300, "tx_bytes": 5000660, "tx_packets": 700}
+    zero = dict.fromkeys(c, 0)
+    assert bsl.wire_payload(zero, c) == 1000200 + 5000660 - 66 * 1000
+    with pytest.raises(ValueError, match="no interface eth9"):
+        bsl.parse_net_dev(NET_DEV, "eth9")
+    with open("/proc/self/net/dev") as f:   # the live format parses too
+        assert bsl.parse_net_dev(f.read(), "lo")["rx_bytes"] >= 0
+
+
+def test_summarise_measures_between_two_followed_log_lines():
+    lines = [{"iteration": i, "ms": ms, "loss": 9.0 - i, "bytes": {"pp-fwd": 100.0, "dp": 7.0},
+              "wait_ms": {"pp-fwd": 2.0 * i}} for i, ms in [(1, 50), (2, 10), (3, 30), (4, 20),
+                                                             (5, 999)]]
+    counters = {i: {"tx_bytes": 1000 * i, "tx_packets": i, "rx_bytes": 0, "rx_packets": 0}
+                for i in range(1, 6)}
+    r = bsl.summarise(lines, counters, skip=1, crossing=("pp-fwd", "pp-bwd"))
+    # iterations 2..4 (5 is followed by nothing): 3 iterations
+    assert r["iterations"] == 3 and r["ms_per_iter"] == 20 and r["ms_min"] == 10
+    assert r["wire_bytes"] == (3000 - 3 * 66) / 3 and r["logged_bytes"] == 100.0
+    assert r["wait_ms"] == {"pp-fwd": 6.0} and r["final_loss"] == 4.0
+    with pytest.raises(ValueError, match="raise --iters"):
+        bsl.summarise(lines[:2], counters, skip=1, crossing=("dp",))
+
+
+def test_flags_are_checked_before_anything_runs():
+    assert bsl.parse_rates("none, 100mbit,20Mbit") == ["none", "100mbit", "20mbit"]
+    assert bsl.rate_bits("20mbit") == 2e7 and bsl.rate_bits("none") == float("inf")
+    for bad in ("fast", "100mb", ""):
+        with pytest.raises(ValueError, match="--rates"):
+            bsl.parse_rates(bad)
+    with pytest.raises(ValueError, match="--configs: unknown"):
+        bsl.parse_configs("uncompressed,zip")
+    with pytest.raises(SystemExit, match="--rates"):
+        bsl.main(["--rates", "100mb"])
+
+
+def test_placement_puts_the_channel_under_test_across_the_link():
+    # ranks: (stage, replica) = divmod(rank, dp); rank 0 (the rendezvous) always on side A
+    assert [bsl.side_of(r, "pp", 1) for r in range(2)] == [0, 1]
+    assert [bsl.side_of(r, "dp", 2) for r in range(4)] == [0, 1, 0, 1]
+    assert [bsl.side_of(r, "both", 2) for r in range(4)] == [0, 1, 1, 0]
+
+
+class FakeIp:
+    """Records commands; fails the one containing `fail_on`."""
+
+    def __init__(self, fail_on=None):
+        self.cmds, self.fail_on = [], fail_on
+
+    def __call__(self, cmd):
+        self.cmds.append(" ".join(cmd))
+        if self.fail_on and self.fail_on in cmd:
+            raise subprocess.CalledProcessError(1, cmd)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+
+def test_namespaces_are_removed_when_setup_fails():
+    ip = FakeIp(fail_on="veth")
+    with pytest.raises(subprocess.CalledProcessError):
+        with bsl.SlowLink(tag="t1", run=ip):
+            pass
+    assert ip.cmds[-2:] == ["ip netns del mcct1b", "ip netns del mcct1a"]
+
+
+def test_namespaces_are_removed_on_ctrl_c_and_only_once():
+    ip = FakeIp()
+    link = bsl.SlowLink(tag="t2", run=ip)
+    with pytest.raises(KeyboardInterrupt):
+        with link:
+            link.set_rate("20mbit")
+            raise KeyboardInterrupt
+    dels = [c for c in ip.cmds if "netns del" in c]
+    assert dels == ["ip netns del mcct2b", "ip netns del mcct2a"]
+    assert any("tbf rate 20mbit" in c for c in ip.cmds)
+    link.close()   # the atexit call afterwards finds nothing left to delete
+    assert [c for c in ip.cmds if "netns del" in c] == dels
+
+
+def test_without_root_one_clear_line(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(SystemExit) as e:
+        bsl.require_root()
+    assert "needs root" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_replot_tabulates_saved_results(tmp_path):
+    def rec(config, rate, overlap, ms):
+        return {"config": config, "rate": rate, "overlap": overlap, "placement": "pp",
+                "ms_per_iter": ms, "ms_min": ms - 1, "wire_bytes": 1.01e6,
+                "logged_bytes": 1e6, "final_loss": 7.5, "wait_ms": {"pp-fwd": 3.0}}
+    recs = [rec("uncompressed", "none", False, 1000), rec("uncompressed", "20mbit", False, 4000),
+            rec("uncompressed", "20mbit", True, 3000), rec("all-pipeline", "20mbit", True, 800),
+            rec("all-pipeline", "none", True, 1000)]
+    (tmp_path / "slow_link.json").write_text(json.dumps(recs))
+    assert bsl.main(["--replot", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "slow_link.md").read_text()
+    row = [l for l in table.splitlines() if "| 20mbit | all-pipeline |" in l][0]
+    # 4000 / 800 against uncompressed synchronous; 800 / 1000 against its own unthrottled run
+    assert "| 5.00x | 0.80x |" in row and "| 1.0100 |" in row
+    assert "| 20mbit | uncompressed | 4000 (3999) | 3000 (2999) | 1.33x |" in table
+    assert (tmp_path / "slow_link.png").stat().st_size > 0
