@@ -16,7 +16,9 @@ or under torchrun (`torchrun --nproc-per-node 8 tools/dist_lm_runner.py $ARGS`: 
 size and address then come from the environment). CPU: add --use-cuda false.
 
 What the flags become (`--print-command` prints the pretrain_gpt.py command and exits):
-  --model-name DIR          a local Hugging Face GPT-2 directory, imported once by rank 0 with
+  --model-name DIR          a local Hugging Face directory of a family import_hf.py knows
+                            (gpt2, opt, gpt_neox, gptj, llama, qwen2; --model-type is checked
+                            against its config.json), imported once by rank 0 with
                             tools/checkpoint/import_hf.py at pp stages (cached under
                             --runner-cache-dir), loaded with --finetune; or a megatron-cc
                             checkpoint directory. --load-pretrained-model false: its
@@ -34,7 +36,10 @@ What the flags become (`--print-command` prints the pretrain_gpt.py command and 
   --forward-compress-method tha -> tah (TAH-Quant's spelling)
   --do-evaluation true      validation every epoch on the --split's validation documents
   --profiling tidy_profiling  a Chrome trace per rank (torch.profiler) in ./trace_json/
-  --dp-mode, --dp-backend   passed on when pretrain_gpt.py has them; refused by name otherwise
+  --dp-mode, --dp-backend   -> --dp-mode (cocktail_sgd ...), --dp-backend gloo|nccl; CocktailSGD's
+                            QUANT_BITS / TOPK_RATIO / RANDOMP_RATIO environment ->
+                            --cocktail-bits / --cocktail-topk-ratio / --cocktail-random-ratio
+  --optimizer adam|sgd      -> --optimizer (AdamW or SGD)
 
 Any other flag pretrain_gpt.py knows (--tile-size, --backward-tile-size, --stochastic-rounding,
 --inter-grad-comp, ...) is passed on unchanged; anything else is refused by name.
@@ -105,7 +110,7 @@ def build_command(a, extra: List[str]) -> Tuple[List[str], List[str]]:
     data = prepare.task_prefixes(a, tok)
     argv += ["--data-path"] + data + translate.learning_argv(a, dp)
     argv += translate.schedule_argv(a, data, translate.global_batch(a, dp), notes)
-    argv += translate.compression_argv(a, notes) + translate.dp_argv(a, known, notes)
+    argv += translate.compression_argv(a, notes) + translate.dp_argv(a, notes)
     argv += translate.precision_argv(a, known, notes)
     unknown = [x for x in extra if x.startswith("--") and x.split("=")[0] not in known]
     if unknown:

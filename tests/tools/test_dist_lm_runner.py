@@ -1,7 +1,7 @@
 """tools/dist_lm_runner.py runs the seeds' README commands, one process per rank with --rank and
 --dist-url as the READMEs launch them: AC-SGD's example (delta activations + fixpoint
-gradients, GPipe), TAH-Quant's (tha), and CocktailSGD's OPT script (skipped until the trainer
-has --dp-mode). Shrunk: 2 stages, a 4-layer width-32 GPT-2 saved with save_pretrained, a local
+gradients, GPipe), TAH-Quant's (tha), and CocktailSGD's OPT script (--dp-mode cocktail_sgd, pp 2
+x dp 2). Shrunk: 2 stages, a 4-layer width-32 GPT-2 (or OPT) saved with save_pretrained, a local
 jsonl task. The loss must fall."""
 import json
 import os
@@ -60,17 +60,17 @@ def _args(inputs, **over):
     return argv
 
 
-def _launch(args, cwd, timeout=600):
+def _launch(args, cwd, timeout=600, ranks=2, env=None):
     """One process per rank: `python dist_lm_runner.py $ARGS --cuda-id 0 --rank i`."""
     url = f"tcp://127.0.0.1:{free_port()}"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, **(env or {}))
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     procs = [subprocess.Popen([sys.executable, RUNNER] + args + ["--dist-url", url,
                                                                   "--cuda-id", "0",
                                                                   "--rank", str(i)],
                               cwd=cwd, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+                              stderr=subprocess.STDOUT, text=True) for i in range(ranks)]
     outs = []
     try:
         for p in procs:
@@ -116,55 +116,68 @@ def test_readme_example_trains_with_falling_loss(seed_inputs, tmp_path, name, ov
         assert trace["traceEvents"]
 
 
-def _trainer_has(flag: str) -> bool:
-    from megatron.training.arguments import build_parser
-    return flag in build_parser()._option_string_actions
+@pytest.fixture(scope="module")
+def opt_model(seed_inputs, tiny_corpus):
+    """A random OPT (OPTForCausalLM, pre-norm, ReLU) directory with the GPT-2 BPE tokenizer,
+    as CocktailSGD's OPT scripts fine-tune."""
+    import torch
+    from transformers import OPTConfig, OPTForCausalLM
+    from megatron.training.tokenizer import build_tokenizer
+    tok = build_tokenizer("GPT2BPETokenizer", tiny_corpus["vocab"], tiny_corpus["merges"])
+    torch.manual_seed(0)
+    config = OPTConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=4,
+                       ffn_dim=64, num_attention_heads=4, max_position_embeddings=64,
+                       word_embed_proj_dim=32, dropout=0.0, attention_dropout=0.0,
+                       bos_token_id=tok.eod, eos_token_id=tok.eod, pad_token_id=tok.eod)
+    model_dir = str(seed_inputs["root"] / "opt-tiny")
+    OPTForCausalLM(config).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    return model_dir
 
 
-COCKTAIL = {"--model-type": "gpt2", "--optimizer": "adam", "--seed": 42,
-            "--checkpoint-steps": 100, "--total-steps": 6, "--warmup-steps": 1,
-            "--train-warmup-steps": 0, "--gradient-accumulate-step": 1,
+COCKTAIL = {"--model-type": "opt", "--optimizer": "adam", "--seed": 42,
+            "--checkpoint-steps": 100, "--total-steps": 24, "--warmup-steps": 1,
+            "--log-interval": 3, "--train-warmup-steps": 0, "--gradient-accumulate-step": 1,
             "--world-size": 4, "--pipeline-group-size": 2, "--data-group-size": 2,
-            "--dp-backend": "gloo", "--dp-mode": "cocktail_sgd", "--pp-mode": "gpipe",
-            "--forward-compress-method": None, "--backward-compress-method": None,
-            "--forward-bits": None, "--backward-bits": None, "--warmup-epochs": None,
-            "--n-epochs": None, "--num-iters": None, "--do-evaluation": None,
-            "--project-name": "cocktail-sgd", "--job-id": 0, "--net-interface": "lo"}
+            "--batch-size": 4, "--dp-backend": "gloo", "--dp-mode": "cocktail_sgd",
+            "--pp-mode": "gpipe", "--forward-compress-method": None,
+            "--backward-compress-method": None, "--forward-bits": None, "--backward-bits": None,
+            "--warmup-epochs": None, "--n-epochs": None, "--num-iters": None,
+            "--do-evaluation": "false", "--project-name": "cocktail-sgd", "--job-id": 0,
+            "--net-interface": "lo"}
+COCKTAIL_ENV = {"QUANT_BITS": "4", "TOPK_RATIO": "0.2", "RANDOMP_RATIO": "0.1"}
 
 
-def test_cocktail_sgd_refused_by_name_until_dp_mode_exists(seed_inputs, tmp_path, capfd,
-                                                           monkeypatch):
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)   # restored after the test
-    if _trainer_has("--dp-mode"):
-        pytest.skip("pretrain_gpt.py has --dp-mode: the CocktailSGD example runs instead")
-    from tools import dist_lm_runner
-    args = _args(seed_inputs, **COCKTAIL, **{"--checkpoint-path": str(tmp_path / "ck")})
-    code = dist_lm_runner.main(args + ["--dist-url", "tcp://127.0.0.1:1", "--rank", "0"])
-    assert code == 2
-    err = capfd.readouterr().err
-    assert "--dp-mode cocktail_sgd" in err and "--grad-comp" in err
-
-
-@pytest.mark.skipif(not (_trainer_has("--dp-mode") and _trainer_has("--dp-backend")),
-                    reason="needs pretrain_gpt.py --dp-mode cocktail_sgd and --dp-backend "
-                           "(data-parallel modes issue); until then the runner refuses it")
-def test_cocktail_sgd_opt_example(seed_inputs, tmp_path, monkeypatch):
-    """finetune_opt1.3b.sh shrunk to 4 ranks: pp 2 x dp 2, CocktailSGD dp, gloo dp backend."""
-    env = {"QUANT_BITS": "4", "TOPK_RATIO": "0.2", "RANDOMP_RATIO": "0.1"}
-    for k, v in env.items():
+def test_cocktail_sgd_command_maps_to_the_trainers_flags(seed_inputs, opt_model, capsys,
+                                                         monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for k, v in COCKTAIL_ENV.items():
         monkeypatch.setenv(k, v)
-    args = _args(seed_inputs, **COCKTAIL, **{"--checkpoint-path": str(tmp_path / "ck")})
-    url = f"tcp://127.0.0.1:{free_port()}"
-    run_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, **env)
-    procs = [subprocess.Popen([sys.executable, RUNNER] + args + ["--dist-url", url,
-                                                                  "--cuda-id", str(i),
-                                                                  "--rank", str(i)],
-                              cwd=tmp_path, env=run_env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(4)]
-    outs = [p.communicate(timeout=900)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0] * 4, "\n".join(o[-2000:] for o in outs)
-    losses = _losses(outs[-1])
-    assert losses and losses[-1] < losses[0]
+    code, out, err = _print_command(seed_inputs, capsys, **COCKTAIL, **{
+        "--model-name": opt_model, "--tokenizer-name": opt_model})
+    assert code == 0, err
+    for fragment in ("--dp-mode cocktail_sgd", "--dp-backend gloo", "--cocktail-bits 4",
+                     "--cocktail-topk-ratio 0.2", "--cocktail-random-ratio 0.1", "--relu",
+                     "--optimizer adam", "--train-iters 24", "--lr-warmup-iters 1"):
+        assert fragment in out, (fragment, out)
+
+
+def test_cocktail_sgd_opt_example(seed_inputs, opt_model, tmp_path):
+    """finetune_opt1.3b.sh shrunk to 4 ranks: pp 2 x dp 2, CocktailSGD dp over gloo, OPT."""
+    args = _args(seed_inputs, **COCKTAIL, **{"--model-name": opt_model,
+                                            "--tokenizer-name": opt_model,
+                                            "--checkpoint-path": str(tmp_path / "ck")})
+    codes, outs = _launch(args, cwd=tmp_path, ranks=4, env=COCKTAIL_ENV)
+    assert codes == [0] * 4, "\n".join(o[-2000:] for o in outs)
+    losses = _losses(outs[-1])                          # a last-stage rank logs the loss
+    assert len(losses) >= 3, outs[-1][-3000:]
+    # the dp channel ran CocktailSGD's sparsified, quantised exchange, not an all-reduce
+    ratios = [float(x) for x in re.findall(r"\| dp bytes: [^|]*\(x([0-9.]+)\)", outs[-1])]
+    print(f"\nCocktailSGD: lm loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} "
+          f"log lines; dp bytes x{min(ratios, default=0)}..x{max(ratios, default=0)}")
+    assert losses[-1] < losses[0] - 0.3
+    assert ratios and min(ratios) > 10, ratios
+    assert os.path.isfile(tmp_path / "ck" / "latest_checkpointed_iteration.txt")
 
 
 @pytest.mark.parametrize("script", ["tools/dist_lm_runner.py", "tools/ckpt_convert.py"])
@@ -206,6 +219,9 @@ def test_epochs_and_caps_become_iterations(seed_inputs, capsys, monkeypatch):
     ({"--world-size": 3}, "--world-size 3 != --pipeline-group-size 2 x --data-group-size 1"),
     ({"--forward-scale-method": "l2"}, "--forward-scale-method l2"),
     ({"--dp-bits": 4}, "--dp-bits"),
+    ({"--model-type": "opt"}, "--model-type opt, but"),
+    ({"--dp-mode": "sharded_ps"}, "--dp-mode sharded_ps: pretrain_gpt.py's data-parallel modes"),
+    ({"--dp-backend": "mpi"}, "--dp-backend mpi: expected"),
     ({"--no-such-flag": 1}, "--no-such-flag: neither a runner flag"),
 ])
 def test_unmappable_flags_are_refused_by_name(seed_inputs, capfd, monkeypatch, over, fragment):

@@ -41,8 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "or a megatron-cc checkpoint directory (nothing is downloaded).")
     g.add_argument("--tokenizer-name", default=None, help="Local tokenizer directory "
                    "(default: --model-name).")
-    g.add_argument("--model-type", default="gpt2", help="Model family (CocktailSGD); imported "
-                   "with tools/checkpoint/import_hf.py.")
+    g.add_argument("--model-type", default=None, help="Model family (CocktailSGD: gpt2, opt, "
+                   "gptneox, gptj, llama, qwen2); checked against config.json's model_type, "
+                   "imported with tools/checkpoint/import_hf.py.")
     g.add_argument("--load-pretrained-model", type=_bool, default=True,
                    help="true: start from the model's weights; false: random weights of its "
                         "architecture.")
@@ -74,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gradient-accumulate-step", type=int, default=1, help="Macro-batches per "
                    "optimizer step (CocktailSGD).")
     g.add_argument("--lr", type=float, default=0.01, help="Peak learning rate.")
-    g.add_argument("--optimizer", default="adam", help="adam only (AdamW, as the seeds').")
+    g.add_argument("--optimizer", default="adam", help="adam (AdamW, as the seeds') or sgd: "
+                   "pretrain_gpt.py --optimizer.")
     g.add_argument("--seed", type=int, default=1, help="Random seed.")
     g.add_argument("--do-evaluation", type=_bool, default=True, help="Validate every epoch.")
     g.add_argument("--checkpoint-path", default=None, help="CocktailSGD: save checkpoints here.")
@@ -91,8 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pp-mode", default="gpipe", choices=["gpipe", "1f1b"],
                    help="Pipeline schedule (the seeds' default gpipe).")
     g.add_argument("--dp-mode", default="allreduce", help="allreduce, or a mode of "
-                   "pretrain_gpt.py --dp-mode (cocktail_sgd ...).")
-    g.add_argument("--dp-backend", default=None, help="Backend of the data-parallel channel.")
+                   "pretrain_gpt.py --dp-mode (cocktail_sgd, with QUANT_BITS / TOPK_RATIO / "
+                   "RANDOMP_RATIO from the environment, ...).")
+    g.add_argument("--dp-backend", default=None, help="gloo|nccl (cupy_nccl means nccl): "
+                   "transport of the data-parallel channel (pretrain_gpt.py --dp-backend).")
     g.add_argument("--forward-compress-method", default="none",
                    help="none|fixpoint|delta|delta-lowbits|tah (TAH-Quant's spelling tha too).")
     g.add_argument("--backward-compress-method", default="none", help="none|fixpoint|lowrank.")

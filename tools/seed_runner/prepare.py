@@ -75,22 +75,31 @@ def check_model_source(a) -> str:
     if config is None:
         raise RunnerError(f"--model-name {d}: no config.json (Hugging Face model) and no "
                           f"latest_checkpointed_iteration.txt (megatron-cc checkpoint)")
-    family = config.get("model_type", a.model_type)
-    if a.model_type.lower() not in (family, "gpt2") or family != "gpt2":
-        if not _import_supports(family):
-            raise RunnerError(
-                f"--model-type {a.model_type} (config.json model_type {family!r}): "
-                f"tools/checkpoint/import_hf.py imports GPT-2 models only in this version; "
-                f"use a GPT-2 model directory (--model-type gpt2)")
+    family = config.get("model_type")
+    importable = _importable_families()
+    if family not in importable:
+        raise RunnerError(f"--model-name {d}: config.json model_type {family!r} has no importer "
+                          f"(tools/checkpoint/import_hf.py imports "
+                          f"{', '.join(sorted(importable))})")
+    if a.model_type is not None and seed_model_type(a.model_type) != family:
+        raise RunnerError(f"--model-type {a.model_type}, but --model-name {d} is a {family!r} "
+                          f"model (config.json model_type); give --model-type "
+                          f"{family.replace('_', '')} or drop it")
     return "hf"
 
 
-def _import_supports(family: str) -> bool:
-    """Whether import_hf.py knows a model family other than GPT-2 (added by the model-family
-    work); probed rather than assumed."""
-    from tools.checkpoint import import_hf
-    known = getattr(import_hf, "SUPPORTED_MODEL_TYPES", ("gpt2",))
-    return family in known
+def _importable_families() -> set:
+    """config.json model_types import_hf.py converts (its family registry)."""
+    from tools.checkpoint.hf_families import FAMILIES
+    return set(FAMILIES)
+
+
+def seed_model_type(name: str) -> str:
+    """CocktailSGD's --model-type spelling -> config.json's model_type: its scripts write
+    gptneox / gptj / opt / llama, with flash_ variants of the same architectures."""
+    name = name.lower()
+    name = name[len("flash_"):] if name.startswith("flash_") else name
+    return {"gptneox": "gpt_neox", "gpt-neox": "gpt_neox", "gpt-j": "gptj"}.get(name, name)
 
 
 def import_model(a, pp: int, tok_flags: List[str]) -> Tuple[str, dict]:

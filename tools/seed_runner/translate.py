@@ -4,6 +4,7 @@ Each mapping is one line here; what has no counterpart raises RunnerError naming
 what to use instead. The data-dependent conversions (epochs -> iterations) need the prepared
 task files, so `translate` runs after prepare.task_prefixes.
 """
+import functools
 import os
 from typing import List, Tuple
 
@@ -12,10 +13,15 @@ from tools.seed_runner.prepare import RunnerError, train_samples_per_epoch
 FORWARD_METHODS = {"tha": "tah"}   # TAH-Quant README's spelling
 
 
-def trainer_flags() -> set:
-    """Every option string pretrain_gpt.py accepts (probed: other work adds flags)."""
+@functools.lru_cache(maxsize=1)
+def _trainer_actions() -> dict:
     from megatron.training.arguments import build_parser
-    return set(build_parser()._option_string_actions)
+    return dict(build_parser()._option_string_actions)
+
+
+def trainer_flags() -> set:
+    """Every option string pretrain_gpt.py accepts."""
+    return set(_trainer_actions())
 
 
 def topology(a) -> Tuple[int, int]:
@@ -42,16 +48,22 @@ def model_argv(a, model_args: dict, pp: int) -> List[str]:
     if m["num_layers"] % pp:
         raise RunnerError(f"--model-name has {m['num_layers']} layers, not divisible by "
                           f"--pipeline-group-size {pp}")
-    argv = ["--num-layers", m["num_layers"], "--hidden-size", m["hidden_size"],
-            "--num-attention-heads", m["num_attention_heads"],
-            "--ffn-hidden-size", m["ffn_hidden_size"],
-            "--max-position-embeddings", max(m["max_position_embeddings"], a.seq_length),
-            "--layernorm-epsilon", m["layernorm_epsilon"],
-            "--make-vocab-size-divisible-by", m["make_vocab_size_divisible_by"]]
-    for b in ("openai_gelu", "untie_embeddings_and_output_weights"):
-        if m.get(b):
-            argv.append("--" + b.replace("_", "-"))
-    return [str(x) for x in argv]
+    # every architecture flag the checkpoint needs (OPT's --relu, Llama's rope/RMSNorm/swiglu,
+    # ...), as import_hf.py prints them; the sequence length is the runner's
+    from tools.checkpoint.import_hf import model_flags
+    flags = model_flags(model_args).split()
+    argv: List[str] = []
+    i = 0
+    while i < len(flags):
+        name = flags[i]
+        value = [] if i + 1 == len(flags) or flags[i + 1].startswith("--") else [flags[i + 1]]
+        i += 1 + len(value)
+        if name == "--seq-length":
+            continue
+        if name == "--max-position-embeddings":
+            value = [str(max(int(value[0]), a.seq_length))]
+        argv += [name] + value
+    return argv
 
 
 def schedule_argv(a, data_path: List[str], global_batch: int, notes: List[str]) -> List[str]:
@@ -106,43 +118,54 @@ def compression_argv(a, notes: List[str]) -> List[str]:
         argv += ["--warmup-epochs", warm]
     if a.dp_bits is not None:
         raise RunnerError("--dp-bits quantises AC-SGD's sharded parameter-server dp exchange, "
-                          "which has no counterpart; drop it (dp gradients: --grad-comp, or "
-                          "--dp-mode where available)")
+                          "which has no counterpart; drop it (dp gradients: --grad-comp; "
+                          "compressed dp exchange: --dp-mode cocktail_sgd)")
     return [str(x) for x in argv]
 
 
-def dp_argv(a, known: set, notes: List[str]) -> List[str]:
+def dp_argv(a, notes: List[str]) -> List[str]:
     argv = []
     if a.dp_mode != "allreduce":
-        if "--dp-mode" not in known:
-            raise RunnerError(f"--dp-mode {a.dp_mode}: this pretrain_gpt.py has no "
-                              f"data-parallel modes yet; the nearest equivalent is "
-                              f"--dp-mode allreduce with PowerSGD (pass --grad-comp)")
+        modes = _choices("--dp-mode")
+        if a.dp_mode not in modes:
+            raise RunnerError(f"--dp-mode {a.dp_mode}: pretrain_gpt.py's data-parallel modes are "
+                              f"{', '.join(modes)}")
         argv += ["--dp-mode", a.dp_mode]
-        argv += cocktail_env_argv(a, known)
+    argv += cocktail_env_argv(a, notes)
     if a.dp_backend is not None:
-        if "--dp-backend" in known:
-            argv += ["--dp-backend", a.dp_backend]
-        else:
-            raise RunnerError(f"--dp-backend {a.dp_backend}: every channel here uses the "
-                              f"process group's backend; use --dist-backend {a.dp_backend}")
+        backend = {"cupy_nccl": "nccl"}.get(a.dp_backend, a.dp_backend)
+        if backend not in _choices("--dp-backend"):
+            raise RunnerError(f"--dp-backend {a.dp_backend}: expected "
+                              f"{' or '.join(_choices('--dp-backend'))}")
+        argv += ["--dp-backend", backend]
     if a.train_warmup_steps:
         raise RunnerError(f"--train-warmup-steps {a.train_warmup_steps} has no counterpart; "
-                          f"drop it (pipeline codecs: --warmup-epochs)")
+                          f"drop it (pipeline codecs: --warmup-epochs; CocktailSGD's "
+                          f"uncompressed start: --cocktail-warmup-steps)")
     return argv
 
 
-def cocktail_env_argv(a, known: set) -> List[str]:
+def _choices(flag: str) -> List[str]:
+    return list(_trainer_actions()[flag].choices)
+
+
+COCKTAIL_ENV = (("QUANT_BITS", "--cocktail-bits"), ("TOPK_RATIO", "--cocktail-topk-ratio"),
+                ("RANDOMP_RATIO", "--cocktail-random-ratio"))
+
+
+def cocktail_env_argv(a, notes: List[str]) -> List[str]:
     """CocktailSGD's scripts set its ratios in the environment (QUANT_BITS, TOPK_RATIO,
-    RANDOMP_RATIO); they become the --cocktail-* flags."""
+    RANDOMP_RATIO); they become the --cocktail-* flags (an explicit flag on the command line
+    comes later and wins)."""
     argv = []
-    for env, flag in (("QUANT_BITS", "--cocktail-quant-bits"),
-                      ("TOPK_RATIO", "--cocktail-topk-ratio"),
-                      ("RANDOMP_RATIO", "--cocktail-random-ratio")):
-        if env in os.environ and a.dp_mode == "cocktail_sgd":
-            if flag not in known:
-                raise RunnerError(f"{env}={os.environ[env]}: pretrain_gpt.py has no {flag}")
+    cocktail = a.dp_mode in ("cocktail_sgd", "cocktail")
+    for env, flag in COCKTAIL_ENV:
+        if env not in os.environ:
+            continue
+        if cocktail:
             argv += [flag, os.environ[env]]
+        else:
+            notes.append(f"{env}={os.environ[env]} ignored: only --dp-mode cocktail_sgd reads it")
     return argv
 
 
@@ -166,9 +189,8 @@ def precision_argv(a, known: set, notes: List[str]) -> List[str]:
 def misc_checks(a, notes: List[str]) -> None:
     if a.task_type != "language_model":
         raise RunnerError(f"--task-type {a.task_type}: only language_model exists here")
-    if a.optimizer.lower() not in ("adam", "adamw"):
-        raise RunnerError(f"--optimizer {a.optimizer}: only Adam (decoupled weight decay) "
-                          f"exists here; use --optimizer adam")
+    if a.optimizer.lower() not in ("adam", "adamw", "sgd"):
+        raise RunnerError(f"--optimizer {a.optimizer}: only adam (AdamW) and sgd exist here")
     if a.project_name:
         notes.append(f"--project-name {a.project_name}: no Weights & Biases logging; the log "
                      f"lines and --tensorboard-dir carry the metrics")
@@ -185,7 +207,8 @@ def learning_argv(a, dp: int) -> List[str]:
     argv = ["--micro-batch-size", a.micro_batch_size,
             "--global-batch-size", global_batch(a, dp), "--lr", a.lr, "--seed", a.seed,
             "--seq-length", a.seq_length, "--pp-mode", a.pp_mode,
-            "--tensor-model-parallel-size", 1, "--split", a.split]
+            "--tensor-model-parallel-size", 1, "--split", a.split,
+            "--optimizer", "sgd" if a.optimizer.lower() == "sgd" else "adam"]
     if a.checkpoint_path:
         argv += ["--save", a.checkpoint_path]
         if a.checkpoint_steps:
