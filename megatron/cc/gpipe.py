@@ -6,27 +6,12 @@ in the same order and both schedules give the same losses and weights. GPipe hol
 micro-batches' activations at once (1F1B at most pp); what it buys is a simpler message
 pattern: stage s only ever waits on one neighbour per phase.
 """
-from megatron.cc.p2p import Message, PipelineChannels
+from megatron.cc.p2p import PipelineChannels
+from megatron.cc.schedule import forward_backward_1f1b
 
 
 def forward_backward_gpipe(step, channels: PipelineChannels, num_microbatches: int,
                            iteration: int, forward_only: bool = False) -> None:
-    def msg(mb):
-        return Message(microbatch=mb, iteration=iteration, sample_ids=step.sample_ids(mb),
-                       train=not forward_only)
-
-    inputs, outputs = [], []
-    for mb in range(num_microbatches):
-        x = channels.recv_forward(msg(mb))
-        y = step.forward(x, mb)
-        channels.send_forward(y, msg(mb))
-        if not forward_only:
-            inputs.append(x)
-            outputs.append(y)
-    if forward_only:
-        return
-    for mb in range(num_microbatches):
-        g = channels.recv_backward(msg(mb))
-        gx = step.backward(inputs[mb], outputs[mb], g)
-        inputs[mb] = outputs[mb] = None      # free this micro-batch's graph
-        channels.send_backward(gx, msg(mb))
+    # 1F1B whose warm-up is every micro-batch: its cool-down is GPipe's backward phase
+    forward_backward_1f1b(step, channels, num_microbatches, iteration, pp_rank=0, pp_size=1,
+                          forward_only=forward_only, warmup=num_microbatches)

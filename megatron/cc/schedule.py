@@ -11,7 +11,7 @@ A `StageStep` supplies the stage's computation:
     backward(input_tensor, output_tensor, output_grad | None) -> input grad | None
     sample_ids(microbatch) -> (B,) int64
 """
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -36,14 +36,19 @@ def forward_backward_no_pipelining(step, num_microbatches: int, forward_only=Fal
 
 def forward_backward_1f1b(step, channels: PipelineChannels, num_microbatches: int,
                           iteration: int, pp_rank: int, pp_size: int,
-                          forward_only: bool = False) -> None:
+                          forward_only: bool = False, warmup: Optional[int] = None) -> None:
+    """`warmup`: forwards before the first backward (default 1F1B's, pp - rank - 1, capped
+    at M); M gives GPipe (every forward, then every backward, in micro-batch order)."""
     M = num_microbatches
 
     def msg(mb):
         return Message(microbatch=mb, iteration=iteration, sample_ids=step.sample_ids(mb),
                        train=not forward_only)
 
-    warmup = num_warmup_microbatches(pp_rank, pp_size, M) if not forward_only else M
+    if forward_only:
+        warmup = M
+    elif warmup is None:
+        warmup = num_warmup_microbatches(pp_rank, pp_size, M)
     remaining = M - warmup
     inputs: List = []
     outputs: List = []
