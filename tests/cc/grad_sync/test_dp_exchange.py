@@ -66,9 +66,9 @@ def _worker(rank, world):
     from megatron.cc.grad_sync.flat_codecs import make_flat_codec
     from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
     worker = make_flat_codec("cocktail", seed=0, stochastic=True)
-    worker.generator.manual_seed(rank)           # different rounding noise per replica
+    worker.rng.seed = rank           # different rounding noise per replica (seeded on first use)
     server = make_flat_codec("cocktail", seed=0, stochastic=True)
-    server.generator.manual_seed(50 + rank)
+    server.rng.seed = 50 + rank
     ex = ShardedExchange(dist.group.WORLD, worker, server)
     theta = torch.zeros(N)           # the replica's parameters, starting from the agreed copy
     g = torch.zeros(N)               # the agreed copy
