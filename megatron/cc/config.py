@@ -145,10 +145,6 @@ class CompressionConfig:
     cocktail_warmup_steps: int = flag(
         0, "cocktail_sgd: iterations that all-reduce gradients exactly before the compressed "
            "exchange starts.")
-    cocktail_global_lr: float = flag(
-        1.0, "cocktail_sgd: scale of the agreed update applied to every replica (1: the seed's "
-             "algorithm). Above 1 compensates local Adam steps normalised by a 1/dp-sized "
-             "batch (about sqrt(dp) in the noise-dominated regime; see bench_dp_modes).")
     cocktail_no_overlap: bool = flag(
         False, "cocktail_sgd: run the exchange inline after the optimizer step instead of on a "
                "background thread overlapping the next forward/backward (one step stale).")
@@ -197,9 +193,6 @@ class CompressionConfig:
                                   f"{getattr(self, name)}")
         if not 1 <= self.cocktail_bits <= 8:
             raise ConfigError(f"--cocktail-bits must be in 1..8, got {self.cocktail_bits}")
-        if not 0.0 < self.cocktail_global_lr <= 4.0:
-            raise ConfigError(f"--cocktail-global-lr must be in (0, 4], got "
-                              f"{self.cocktail_global_lr}")
         if self.cocktail_bucket_size < 1 or self.cocktail_warmup_steps < 0:
             raise ConfigError("--cocktail-bucket-size must be >= 1 and --cocktail-warmup-steps "
                               ">= 0")
@@ -234,16 +227,14 @@ class CompressionConfig:
     def _validate_mode_flags(self, mode: str) -> None:
         """A flag of one mode given with another is a mistake worth stopping for."""
         owners = {"cocktail_sgd": ("cocktail_random_ratio", "cocktail_topk_ratio",
-                                   "cocktail_warmup_steps", "cocktail_no_overlap",
-                                   "cocktail_global_lr"),
+                                   "cocktail_warmup_steps", "cocktail_no_overlap"),
                   "diloco": ("diloco_inner_steps", "diloco_outer_lr", "diloco_outer_momentum",
                              "diloco_compression", "diloco_fragments", "diloco_sync_delay"),
                   "preduce": ("ssp_bound",)}
         import dataclasses
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         if mode == "diloco" and self.diloco_compression == "cocktail":
-            owners["cocktail_sgd"] = ("cocktail_warmup_steps", "cocktail_no_overlap",
-                                      "cocktail_global_lr")
+            owners["cocktail_sgd"] = ("cocktail_warmup_steps", "cocktail_no_overlap")
         for owner, names in owners.items():
             for name in names:
                 if owner != mode and getattr(self, name) != defaults[name]:

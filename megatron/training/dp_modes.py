@@ -49,8 +49,7 @@ def build_dp_mode_sync(args, model, stats) -> GradSync:
         overlap = not c.cocktail_no_overlap
         group = clone_groups(dp_group, c.dp_backend) if overlap or c.dp_backend else dp_group
         dp = CocktailSGDSync(dp_group, stats, build_exchange(args, group, "cocktail"),
-                             warmup_steps=c.cocktail_warmup_steps, overlap=overlap,
-                             global_lr=c.cocktail_global_lr)
+                             warmup_steps=c.cocktail_warmup_steps, overlap=overlap)
     elif mode == "diloco":
         exchange = None
         # a background reduce (sync delay) or another backend needs a group of its own

@@ -4,15 +4,9 @@ Per optimizer step t (after `warmup_steps` plain all-reduce steps), on every rep
 
     delta_i = theta_i - theta_g              theta_g: the last agreed copy (fp32)
     U, dq_i = ShardedExchange(delta_i, t)    random rolling subset -> top-k -> b-bit, twice
-    theta_g <- theta_g + gamma U             the same U on every replica, bit for bit
-    theta_i <- theta_i + gamma U - dq_i      what i did not send stays in its parameters:
+    theta_g <- theta_g + U                   the same U on every replica, bit for bit
+    theta_i <- theta_i + U - dq_i            what i did not send stays in its parameters:
                                              delta_i - dq_i is its (implicit) worker error
-
-gamma (--cocktail-global-lr, default 1: the seed's algorithm) scales the agreed update. Why
-more than 1 can help: each replica's Adam step is normalised by the second moment of its own
-1/dp-sized batch, so averaging the replicas' steps cuts the noise but keeps the signal
-component at the small-batch step size; in the noise-dominated regime the global-batch Adam
-step is about sqrt(dp) times larger there (DiLoCo's outer lr > 1 plays the same part).
 
 The mask is a function of (seed, t) alone, so no indices cross the wire; the server error of
 every shard owner is kept by the exchange. Overlap (default): the exchange of step t runs on a
@@ -48,13 +42,12 @@ class CocktailSGDSync:
             when overlapping: a background thread must not share a group with the main one).
         warmup_steps: iterations (0-based) below this all-reduce gradients exactly.
         overlap: run the exchange on a background thread, one step stale.
-        global_lr: gamma, the scale of the agreed update (1: the seed's algorithm).
     """
 
     def __init__(self, group, stats: ChannelStats, exchange: ShardedExchange,
-                 warmup_steps: int = 0, overlap: bool = True, global_lr: float = 1.0):
+                 warmup_steps: int = 0, overlap: bool = True):
         self.stats, self.exchange = stats, exchange
-        self.warmup_steps, self.overlap, self.global_lr = warmup_steps, overlap, global_lr
+        self.warmup_steps, self.overlap = warmup_steps, overlap
         self.exact = ExactDataParallelSync(group, stats)
         self.global_copy: Optional[Dict[str, torch.Tensor]] = None
         self._pending: Optional[dict] = None       # finished result not yet applied
@@ -122,8 +115,6 @@ class CocktailSGDSync:
             return
         for key, params in segments.items():
             u = self._pending["update"][key]
-            if self.global_lr != 1.0:
-                u = u * self.global_lr
             self.global_copy[key] += u.to(self.global_copy[key].device)
             add_flat_(params, (u - self._pending["sent"][key]).to(params[0].device))
         self._pending = None

@@ -7,8 +7,6 @@
 - error buffers telescope: per worker, sum of what it sent + its remaining error == sum of its
   true deltas; per group, sum of the agreed updates + the owners' server errors == the mean of
   what the workers sent;
-- CocktailSGD's --cocktail-global-lr gamma scales the agreed update by gamma and leaves each
-  worker's error (its parameters minus the agreed copy) as it is;
 - AD-PSGD's pairwise averaging keeps the replicas' mean (and mixes them);
 - preduce's window scheduler: every member of a window sees the same group;
 - DiLoCo's outer step == torch.optim.SGD(nesterov=True) on the mean pseudo-gradient, and
@@ -101,7 +99,6 @@ def _worker(rank, world):
     out["adpsgd"] = _adpsgd(rank)
     out["windows"] = _windows(rank, world)
     out["diloco"] = _diloco_worker(rank, world)
-    out["global_lr"] = _cocktail_global_lr(rank)
     return _np(out)
 
 
@@ -194,50 +191,6 @@ def test_preduce_windows_agree_on_members(results):
             assert value == pytest.approx(sum(members) / len(members))
             assert seen.setdefault(int(k), members) == members
     assert sum(len(m) for m in seen.values()) == 4 * 6   # every join in exactly one window
-
-
-def _cocktail_global_lr(rank):
-    """Two CocktailSGD steps from the same local deltas at gamma 1 and 2:
-    {gamma: (params, agreed copy, agreed copy at the start)}."""
-    from megatron.cc.grad_sync.cocktail import CocktailSGDSync
-    from megatron.cc.grad_sync.flat_codecs import make_flat_codec
-    from megatron.cc.grad_sync.param_sync import flatten
-    from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
-    from megatron.cc.stats import ChannelStats
-    out = {}
-    for gamma in (1.0, 2.0):
-        torch.manual_seed(0)                    # same start on every replica
-        lin = torch.nn.Linear(40, 30)
-        ex = ShardedExchange(dist.group.WORLD, make_flat_codec("cocktail", seed=0),
-                             make_flat_codec("cocktail", seed=0))
-        sync = CocktailSGDSync(dist.group.WORLD, ChannelStats(), ex, overlap=False,
-                               global_lr=gamma)
-        gen = torch.Generator().manual_seed(20 + rank)
-        start = None
-        for it in range(2):
-            sync(lin, it)
-            if start is None:
-                start = sync.global_copy["params"].clone()
-            with torch.no_grad():               # a local "optimizer step" per replica
-                for p in lin.parameters():
-                    p.add_(torch.randn(p.shape, generator=gen))
-            sync.after_optimizer_step(lin, it)
-        out[gamma] = (flatten(list(lin.parameters())), sync.global_copy["params"].clone(), start)
-    return out
-
-
-def test_cocktail_global_lr_scales_the_agreed_update(results):
-    for r in results:
-        (p1, g1, s1), (p2, g2, s2) = r["global_lr"][1.0], r["global_lr"][2.0]
-        assert torch.equal(s1, s2)
-        # the deltas sent (theta - agreed copy) do not depend on gamma, so neither do the
-        # exchanges: the agreed copy moves gamma times as far, the worker error stays
-        assert torch.allclose(g2 - s2, 2 * (g1 - s1), atol=1e-5)
-        assert torch.allclose(p1 - g1, p2 - g2, atol=1e-5)
-        assert (p1 - g1).abs().max() > 0.1     # lossy: the worker kept an error
-        assert not torch.allclose(g1, g2)
-    for r in results[1:]:                      # the agreed copy is the same on every replica
-        assert torch.equal(r["global_lr"][2.0][1], results[0]["global_lr"][2.0][1])
 
 
 def _diloco_worker(rank, world):
