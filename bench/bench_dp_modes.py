@@ -9,11 +9,17 @@ cut short still leaves what finished); --replot redraws table and plot from it.
 
 Runs (dp=4, pp=1 unless the name says pp2):
   allreduce            exact gradient all-reduce (the reference)
+  isolated             one replica alone (1 rank, global batch 8 = a dp=4 replica's share):
+                       what a replica learns with no dp channel at all
+  diloco-H1            exact fp32 parameter averaging after every local Adam step (DiLoCo
+                       H=1, outer lr 1, momentum 0): the best any mode that averages local
+                       optimizer steps can do, at 1x bytes
   powersgd             SC: --grad-comp rank 8, 10% warm-up
   cocktail             --dp-mode cocktail_sgd 0.1 / 0.2 / 4 bits, overlapped (one step stale)
   cocktail-w30         the same after 30 warm-up iterations of exact all-reduce (10%)
   diloco-H10 / -H50    --dp-mode diloco, H inner steps, exact fp32 outer all-reduce
   diloco-H10-int8 / -H50-int8   the same with int8 pseudo-gradients (error feedback)
+  diloco-H50-int8-avg  H=50, int8, outer lr 1 and momentum 0 (plain parameter averaging)
   allreduce-hetero, preduce-hetero, adpsgd-hetero   --hetero 0.5 (replicas randomly up to
                        50% slower per iteration): time per iteration is the point there
   pp2-allreduce, pp2-cocktail, pp2-diloco-H50-int8   pp=2 x dp=2
@@ -43,6 +49,7 @@ PP2 = ["--pipeline-model-parallel-size", "2"]
 COCKTAIL = ["--dp-mode", "cocktail_sgd", "--cocktail-random-ratio", "0.1",
             "--cocktail-topk-ratio", "0.2", "--cocktail-bits", "4"]
 HETERO = ["--hetero", "0.5"]
+NPROC = {"isolated": 1}   # every other run: 4 ranks
 
 
 def diloco(h: int, comp: str = "none"):
@@ -51,9 +58,14 @@ def diloco(h: int, comp: str = "none"):
 
 RUNS = {
     "allreduce": [],
+    "isolated": ["--global-batch-size", "8", "--eval-iters", "32"],   # the same 256 samples
+    "diloco-H1": ["--dp-mode", "diloco", "--diloco-inner-steps", "1", "--diloco-outer-lr", "1",
+                  "--diloco-outer-momentum", "0"],
     "cocktail": COCKTAIL,
     "cocktail-w30": COCKTAIL + ["--cocktail-warmup-steps", "30"],
     "diloco-H50-int8": diloco(50, "int8"),
+    "diloco-H50-int8-avg": diloco(50, "int8") + ["--diloco-outer-lr", "1",
+                                                 "--diloco-outer-momentum", "0"],
     "diloco-H10-int8": diloco(10, "int8"),
     "powersgd": ["--grad-comp", "--grad-comp-rank", "8", "--grad-comp-warm-up", "0.1"],
     "diloco-H50": diloco(50),
@@ -76,7 +88,8 @@ def reference(run, runs):
 
 def table(runs, iters: int) -> str:
     rows = [f"demo GPT (4 layers, hidden 128, seq 128), dp=4 (pp2-*: pp=2 x dp=2), micro-batch 4, "
-            f"global batch 32, {iters} iterations, Adam lr 1e-3 cosine, same seed and data. "
+            f"global batch 32 (isolated: one rank, batch 8), {iters} iterations, Adam lr 1e-3 "
+            f"cosine, same seed and data. "
             f"dp bytes per iteration averaged over the run's log intervals (DiLoCo: outer syncs "
             f"spread over their H steps); ratio against the gradient all-reduce of the same "
             f"iterations. Gap and speed-up against the all-reduce run of the same layout "
@@ -153,7 +166,7 @@ def main():
         os.makedirs(a.out, exist_ok=True)
         for name in names:
             try:
-                r = run_pretrain(name, 4, common + RUNS[name], port=29710)
+                r = run_pretrain(name, NPROC.get(name, 4), common + RUNS[name], port=29710)
             except RuntimeError as e:   # keep going: one broken mode must not lose the rest
                 print(f"{name}: FAILED\n{str(e)[-2000:]}", flush=True)
                 continue
