@@ -181,7 +181,8 @@ def main():
     print("\n" + text)
     atomic_write_text(os.path.join(a.out, "dp_modes.md"), text + "\n")
     plot = os.path.join(a.out, "dp_modes_loss.png")
-    plot_losses(runs, plot, "demo GPT, dp=4: data-parallel modes")
+    plot_losses(runs, plot, "demo GPT, dp=4 (pp2-*: pp=2 x dp=2): validation loss per dp mode",
+                valid_only=True)
     print(f"table: {os.path.join(a.out, 'dp_modes.md')}\nloss curves: {plot}")
 
 

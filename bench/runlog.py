@@ -67,19 +67,25 @@ def run_pretrain(name: str, nproc: int, flags: List[str], port: int = 29650,
     return r
 
 
-def plot_losses(results: List[RunResult], path: str, title: str) -> None:
+def plot_losses(results: List[RunResult], path: str, title: str,
+                valid_only: bool = False) -> None:
+    """One colour per run (tab20 past 10 runs): train solid, validation dashed with markers.
+    valid_only drops the training curves (many runs)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for n, r in enumerate(results):   # one colour per run: train solid, validation dashed
-        its = sorted(r.losses)
-        ax.plot(its, [r.losses[i] for i in its], color=f"C{n % 10}", lw=1,
-                label=f"{r.name} (train)")
+    colours = plt.get_cmap("tab10" if len(results) <= 10 else "tab20").colors
+    entries = len(results) * (1 if valid_only else 2)
+    fig, ax = plt.subplots(figsize=(9, max(4.5, 0.25 * entries + 0.8)))
+    for n, r in enumerate(results):
+        c = colours[n % len(colours)]
+        if not valid_only:
+            its = sorted(r.losses)
+            ax.plot(its, [r.losses[i] for i in its], color=c, lw=1, label=f"{r.name} (train)")
         if r.valid:
             vits = sorted(r.valid)
-            ax.plot(vits, [r.valid[i] for i in vits], "o--", color=f"C{n % 10}", lw=1.5,
-                    label=f"{r.name} (valid)")
+            ax.plot(vits, [r.valid[i] for i in vits], "o--", color=c, lw=1.5,
+                    label=r.name if valid_only else f"{r.name} (valid)")
     ax.set_xlabel("iteration")
     ax.set_ylabel("lm loss")
     ax.set_title(title)
