@@ -12,8 +12,8 @@ Runs (dp=4, pp=1 unless the name says pp2):
   isolated             one replica alone (1 rank, global batch 8 = a dp=4 replica's share):
                        what a replica learns with no dp channel at all
   diloco-H1            exact fp32 parameter averaging after every local Adam step (DiLoCo
-                       H=1, outer lr 1, momentum 0): the best any mode that averages local
-                       optimizer steps can do, at 1x bytes
+                       H=1, outer lr 1, momentum 0; 1x bytes): local Adam steps averaged with
+                       no codec, no staleness and no drift between replicas
   powersgd             SC: --grad-comp rank 8, 10% warm-up
   cocktail             --dp-mode cocktail_sgd 0.1 / 0.2 / 4 bits, overlapped (one step stale)
   cocktail-w30         the same after 30 warm-up iterations of exact all-reduce (10%)
