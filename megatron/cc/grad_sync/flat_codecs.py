@@ -14,6 +14,7 @@ import torch
 
 from megatron.cc.compress.quant import (dequantize, pack_bits, packed_nbytes, quantize,
                                         unpack_bits)
+from megatron.cc.compress.rng import DeviceGenerator
 from megatron.cc.compress.sparse import CocktailCodec
 
 
@@ -46,15 +47,16 @@ class BucketFixpointCodec:
         if not 1 <= bits <= 8:
             raise ValueError(f"fixpoint bits must be in 1..8, got {bits}")
         self.bits, self.bucket_size = bits, bucket_size
-        self.generator = torch.Generator().manual_seed(seed) if stochastic else None
+        self.rng = DeviceGenerator(seed) if stochastic else None
 
     def flat_spec(self, numel: int):
         return [((packed_nbytes(numel, self.bits),), torch.uint8),
                 ((-(-numel // self.bucket_size),), torch.float16)]
 
     def compress(self, x: torch.Tensor, step: int):
+        gen = None if self.rng is None else self.rng.get(x.device)
         codes, scales = quantize(x.reshape(-1), self.bits, "bucket", self.bucket_size,
-                                 torch.float16, self.generator)
+                                 torch.float16, gen)
         return [pack_bits(codes, self.bits), scales]
 
     def decompress(self, payload, numel: int, step: int) -> torch.Tensor:
@@ -62,11 +64,11 @@ class BucketFixpointCodec:
         return dequantize(codes, payload[1], self.bits, (numel,), "bucket", self.bucket_size)
 
     def state_dict(self) -> dict:
-        return {} if self.generator is None else {"generator": self.generator.get_state()}
+        return {} if self.rng is None else self.rng.state_dict()
 
     def load_state_dict(self, sd: dict) -> None:
-        if self.generator is not None and "generator" in sd:
-            self.generator.set_state(sd["generator"])
+        if self.rng is not None:
+            self.rng.load_state_dict(sd)
 
 
 COMPRESSIONS = ("none", "fp16", "int8", "fixpoint-b", "cocktail")

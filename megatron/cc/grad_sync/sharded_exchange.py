@@ -18,22 +18,11 @@ Bytes are counted as an all-reduce message: a plain all-reduce of x bytes counts
 exact dp channel does), a compressed reduce-scatter + all-gather counts half of what both
 phases carry over all shards, so `raw / sent` compares the same ring traffic.
 """
+import math
 from typing import List, Tuple
 
 import torch
 import torch.distributed as dist
-
-
-def payload_nbytes(codec, numel: int) -> int:
-    return sum(_prod(shape) * torch.empty((), dtype=dt).element_size()
-               for shape, dt in codec.flat_spec(numel))
-
-
-def _prod(shape) -> int:
-    out = 1
-    for s in shape:
-        out *= int(s)
-    return out
 
 
 def to_bytes(payload: List[torch.Tensor]) -> torch.Tensor:
@@ -44,7 +33,7 @@ def to_bytes(payload: List[torch.Tensor]) -> torch.Tensor:
 def from_bytes(buf: torch.Tensor, spec) -> List[torch.Tensor]:
     out, off = [], 0
     for shape, dt in spec:
-        n = _prod(shape) * torch.empty((), dtype=dt).element_size()
+        n = math.prod(shape) * dt.itemsize
         seg = buf[off:off + n]
         out.append((seg if dt == torch.uint8 else seg.clone()).view(dt).reshape(shape))  # align
         off += n
