@@ -11,11 +11,11 @@ live tensors right after. The thread then torch.saves (which releases the GIL wh
 tensor data), fsyncs and records checksums (checkpoint_io.write_file). At most one batch of
 writes is in flight: the caller polls or waits before the next submit.
 """
-import threading
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from megatron.cc.background import BackgroundCall
 from megatron.training.checkpoint_io import write_file
 
 
@@ -52,41 +52,33 @@ class AsyncWriter:
     """One background thread writing one checkpoint's files; errors surface in poll/wait."""
 
     def __init__(self):
-        self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
+        self._call: Optional[BackgroundCall] = None
 
     @property
     def busy(self) -> bool:
-        return self._thread is not None
+        return self._call is not None
 
     def submit(self, jobs: List[Tuple[object, str]]) -> None:
         if self.busy:
             raise RuntimeError("an asynchronous checkpoint write is still in flight; wait first")
-        self._error = None
-        self._thread = threading.Thread(target=self._run, args=(jobs,), daemon=True,
-                                        name="async-checkpoint-writer")
-        self._thread.start()
+        self._call = BackgroundCall("asynchronous checkpoint write failed", self._run, jobs,
+                                    name="async-checkpoint-writer")
 
-    def _run(self, jobs) -> None:
-        try:
-            for obj, path in jobs:
-                write_file(obj, path)
-        except BaseException as e:  # reported to the training thread by poll()/wait()
-            self._error = e
+    @staticmethod
+    def _run(jobs) -> None:
+        for obj, path in jobs:
+            write_file(obj, path)
 
     def poll(self) -> bool:
         """True when nothing is in flight any more; raises what the thread raised."""
-        if self._thread is None:
+        if self._call is None:
             return True
-        if self._thread.is_alive():
+        if not self._call.done:
             return False
         return self.wait()
 
     def wait(self) -> bool:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise RuntimeError(f"asynchronous checkpoint write failed: {error}") from error
+        if self._call is not None:
+            call, self._call = self._call, None
+            call.result()   # raises what the writer raised
         return True

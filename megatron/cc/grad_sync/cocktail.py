@@ -19,12 +19,12 @@ State (checkpoint): theta_g per segment, the server errors, codec generators, an
 still in flight (joined, its result kept un-applied so the resumed run applies it at the same
 point as an uninterrupted one).
 """
-import threading
 import time
 from typing import Dict, List, Optional
 
 import torch
 
+from megatron.cc.background import BackgroundCall
 from megatron.cc.grad_sync.param_sync import (add_flat_, clone_state, flatten, param_segments)
 from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
 from megatron.cc.grad_sync.sync import ExactDataParallelSync
@@ -51,9 +51,8 @@ class CocktailSGDSync:
         self.exact = ExactDataParallelSync(group, stats)
         self.global_copy: Optional[Dict[str, torch.Tensor]] = None
         self._pending: Optional[dict] = None       # finished result not yet applied
-        self._thread: Optional[threading.Thread] = None
-        self._result: Optional[dict] = None
-        self._error: Optional[BaseException] = None
+        self._call: Optional[BackgroundCall] = None   # the overlapped exchange in flight
+        self._result: Optional[dict] = None            # finished, not yet counted
 
     # ---------------------------------------------------------------- hooks
     def __call__(self, model, iteration: int) -> None:
@@ -71,11 +70,10 @@ class CocktailSGDSync:
         segments = param_segments(model)
         deltas = {k: flatten(v) - self.global_copy[k] for k, v in segments.items()}
         if self.overlap:
-            self._thread = threading.Thread(target=self._run, args=(deltas, iteration),
-                                            daemon=True)
-            self._thread.start()
+            self._call = BackgroundCall("CocktailSGD exchange failed", self._exchange, deltas,
+                                        iteration)
         else:
-            self._run(deltas, iteration)
+            self._result = self._exchange(deltas, iteration)
             self.apply_pending(segments)
 
     def flush(self, model) -> None:
@@ -83,27 +81,22 @@ class CocktailSGDSync:
         self.apply_pending(param_segments(model))
 
     # ---------------------------------------------------------------- the exchange
-    def _run(self, deltas: Dict[str, torch.Tensor], step: int) -> None:
-        try:
-            out = {"update": {}, "sent": {}, "bytes": 0,
-                   "raw": sum(d.numel() * 4 for d in deltas.values())}
-            for key, delta in deltas.items():
-                update, dq, counted = self.exchange(delta, step, key)
-                out["update"][key], out["sent"][key] = update, dq
-                out["bytes"] += counted
-            self._result = out
-        except BaseException as e:   # re-raised on the main thread by _join
-            self._error = e
+    def _exchange(self, deltas: Dict[str, torch.Tensor], step: int) -> dict:
+        out = {"update": {}, "sent": {}, "bytes": 0,
+               "raw": sum(d.numel() * 4 for d in deltas.values())}
+        for key, delta in deltas.items():
+            update, dq, counted = self.exchange(delta, step, key)
+            out["update"][key], out["sent"][key] = update, dq
+            out["bytes"] += counted
+        return out
 
     def _join(self) -> None:
-        if self._thread is not None:
+        if self._call is not None:
             t0 = time.perf_counter()
-            self._thread.join()
+            call, self._call = self._call, None
+            call.wait()
             self.stats.observe("dp wait ms", (time.perf_counter() - t0) * 1000)
-            self._thread = None
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise RuntimeError("CocktailSGD exchange failed") from err
+            self._result = call.result()   # raises what the exchange raised
         if self._result is not None:
             self._pending, self._result = self._result, None
             self.stats.add("dp", self._pending["bytes"], self._pending["raw"])

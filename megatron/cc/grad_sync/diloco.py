@@ -25,13 +25,13 @@ Bytes: counted when a sync happens (the log line averages them over its iteratio
 what the gradient all-reduce of every inner step since the fragment's last sync would cost.
 State (checkpoint): theta_g, momentum and codec residual per fragment, exchange state.
 """
-import threading
 import time
 from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
+from megatron.cc.background import BackgroundCall
 from megatron.cc.grad_sync.param_sync import clone_state, copy_flat_, flatten, param_segments
 from megatron.cc.stats import ChannelStats
 
@@ -81,8 +81,7 @@ class DiLoCoSync:
         self.momentum: List[Optional[torch.Tensor]] = [None] * fragments
         self.residual: List[Optional[torch.Tensor]] = [None] * fragments
         self._inflight: Optional[dict] = None    # one fragment's overlapped reduce
-        self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
+        self._call: Optional[BackgroundCall] = None   # its reduce on a background thread
 
     def __call__(self, model, iteration: int) -> None:
         """Gradient phase: nothing crosses the dp group (inner steps are local)."""
@@ -122,9 +121,7 @@ class DiLoCoSync:
                 self._apply(job, frags[job["f"]])
             else:
                 self._inflight = job
-                self._thread = threading.Thread(target=self._reduce_guarded, args=(job,),
-                                                daemon=True)
-                self._thread.start()
+                self._call = BackgroundCall("DiLoCo outer reduce failed", self._reduce, job)
         self.stats.observe("dp wait ms", (time.perf_counter() - t0) * 1000)
 
     def flush(self, model) -> None:
@@ -147,19 +144,10 @@ class DiLoCoSync:
             delta = mean
         job["mean"] = delta
 
-    def _reduce_guarded(self, job: dict) -> None:
-        try:
-            self._reduce(job)
-        except BaseException as e:   # re-raised on the main thread by _finish
-            self._error = e
-
     def _finish(self, frags) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise RuntimeError("DiLoCo outer reduce failed") from err
+        if self._call is not None:
+            call, self._call = self._call, None
+            call.result()   # raises what the reduce raised
         job, self._inflight = self._inflight, None
         self._apply(job, frags[job["f"]])
 
@@ -184,9 +172,8 @@ class DiLoCoSync:
 
     # ---------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict:
-        if self._thread is not None:     # keep the finished reduce, applied after resume
-            self._thread.join()
-            self._thread = None
+        if self._call is not None:     # keep the finished reduce, applied after resume
+            self._call.wait()
         return clone_state({"global_copy": self.global_copy, "momentum": self.momentum,
                             "residual": self.residual, "inflight": self._inflight,
                             "exchange": None if self.exchange is None
