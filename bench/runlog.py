@@ -10,7 +10,8 @@ from typing import Dict, List, Optional
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ITER = re.compile(r" iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)"
                    r".*?lm loss: ([\d.E+-]+)")
-_VALID = re.compile(r"validation loss at iteration (\d+) \| lm loss value: ([\d.E+-]+)")
+_VALID = re.compile(r"validation loss( \(replica average\))? at iteration (\d+) \| "
+                    r"lm loss value: ([\d.E+-]+)")
 _BYTES = re.compile(r"([a-z-]+) bytes: ([\d.]+)(B|KB|MB|GB) \(x([\d.inf]+)\)")
 _UNIT = {"B": 1, "KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3}
 
@@ -20,6 +21,8 @@ class RunResult:
     name: str
     losses: Dict[int, float] = field(default_factory=dict)
     valid: Dict[int, float] = field(default_factory=dict)
+    # parameter-syncing dp modes: validation of the mean of the replicas' weights
+    valid_mean: Dict[int, float] = field(default_factory=dict)
     ms_per_iter: List[float] = field(default_factory=list)
     bytes_per_iter: Dict[str, float] = field(default_factory=dict)   # last log line's
     ratio: Dict[str, float] = field(default_factory=dict)
@@ -29,6 +32,10 @@ class RunResult:
     @property
     def final_valid(self) -> Optional[float]:
         return self.valid[max(self.valid)] if self.valid else None
+
+    @property
+    def final_valid_mean(self) -> Optional[float]:
+        return self.valid_mean[max(self.valid_mean)] if self.valid_mean else None
 
     @property
     def steady_ms(self) -> float:
@@ -49,7 +56,7 @@ def parse_log(name: str, text: str) -> RunResult:
                 r.ratio[ch] = float(ratio)
         m = _VALID.search(line)
         if m:
-            r.valid[int(m.group(1))] = float(m.group(2))
+            (r.valid_mean if m.group(1) else r.valid)[int(m.group(2))] = float(m.group(3))
     return r
 
 
@@ -95,7 +102,7 @@ def plot_losses(results: List[RunResult], path: str, title: str,
     fig.savefig(path, dpi=110)
 
 
-_KEEP = ("name", "losses", "valid", "ms_per_iter", "bytes_per_iter", "ratio", "wall_s")
+_KEEP = ("name", "losses", "valid", "valid_mean", "ms_per_iter", "bytes_per_iter", "ratio", "wall_s")
 
 
 def save_runs(path: str, iters: int, runs: List[RunResult]) -> None:
@@ -115,5 +122,6 @@ def load_runs(path: str):
     return saved["iters"], [
         RunResult(r["name"], losses={int(k): v for k, v in r["losses"].items()},
                   valid={int(k): v for k, v in r["valid"].items()},
+                  valid_mean={int(k): v for k, v in r.get("valid_mean", {}).items()},
                   ms_per_iter=r["ms_per_iter"], bytes_per_iter=r["bytes_per_iter"],
                   ratio=r["ratio"], wall_s=r.get("wall_s", 0.0)) for r in saved["runs"]]

@@ -117,6 +117,7 @@ class Trainer:
             self.ckpt.register("replica", ReplicaState(self.model, self.optimizer))
         self.loss_history: List[float] = []
         self.valid_history: List[tuple] = []
+        self.valid_mean_history: List[tuple] = []   # "replica average" (param-syncing modes)
         self.exit_signal = ExitSignal() if args.checkpoint.exit_signal_handler else None
         self.exit_requested = False
         if args.checkpoint.load:
@@ -266,12 +267,12 @@ class Trainer:
         return {"lm loss": self._reduce_loss(step.losses), "grad norm": grad_norm or 0.0,
                 "skipped": 0 if ok else 1}
 
-    def _reduce_loss(self, losses: List[torch.Tensor]) -> float:
+    def _reduce_loss(self, losses: List[torch.Tensor], force_dp: bool = False) -> float:
         """Mean over micro-batches and replicas, known on the last stage (nan elsewhere)."""
         if not ps.is_pipeline_last_stage():
             return float("nan")
         value = torch.stack(losses).mean().reshape(1)
-        if not self.grad_sync.lockstep:  # preduce/adpsgd: no dp barrier; the replica's own loss
+        if not (self.grad_sync.lockstep or force_dp):  # preduce/adpsgd: no dp barrier; own loss
             return value.item()
         dist.all_reduce(value, group=ps.get_data_parallel_group())
         return value.item() / ps.get_data_parallel_world_size()
@@ -348,29 +349,48 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> Optional[float]:
-        """Validation on the same first `eval_iters` batches every time: comparable curves."""
+        """Validation on the same first `eval_iters` batches every time: comparable curves.
+
+        In the parameter-syncing dp modes the replicas' weights differ between syncs: there the
+        mean of the replicas' weights is validated too (logged as "replica average").
+        """
         a = self.args
         if not a.logging.eval_iters or self.valid_ds is None or len(self.valid_ds) == 0:
             return None
+        loss = self._validation_loss(all_replicas=False)
+        self._log_validation(loss, "")
+        if a.compression.syncs_parameters and a.dp > 1:
+            from megatron.cc.grad_sync.param_sync import replica_average
+            with replica_average(self.model, ps.get_data_parallel_group()):
+                mean_loss = self._validation_loss(all_replicas=True)
+            self._log_validation(mean_loss, " (replica average)")
+        return loss
+
+    def _validation_loss(self, all_replicas: bool) -> float:
+        """all_replicas: average over every replica's share even when the dp mode is not in
+        lockstep (the replicas then hold the same weights and meet here anyway)."""
         self.model.eval()
         losses = []
-        for i in range(a.logging.eval_iters):
+        for i in range(self.args.logging.eval_iters):
             step = self.forward_backward(self.valid_ds, i * self.batches.global_batch_size,
                                          forward_only=True)
-            losses.append(self._reduce_loss(step.losses))
+            losses.append(self._reduce_loss(step.losses, force_dp=all_replicas))
         self.model.train()
-        loss = sum(losses) / len(losses)
+        return sum(losses) / len(losses)
+
+    def _log_validation(self, loss: float, what: str) -> None:
+        if not ps.is_pipeline_last_stage():
+            return
         ppl = math.exp(min(20.0, loss)) if not math.isnan(loss) else float("nan")
-        if ps.is_pipeline_last_stage():
-            self.valid_history.append((self.iteration, loss))
-            msg = (f" validation loss at iteration {self.iteration} | lm loss value: {loss:.6E} |"
-                   f" lm loss PPL: {ppl:.6E} |")
-            print_rank_last("-" * len(msg) + "\n" + msg + "\n" + "-" * len(msg))
-            self.run_log.write(msg)
-            if self.writer is not None:
-                self.writer.add_scalar("lm loss validation", loss, self.iteration)
-                self.writer.add_scalar("lm loss validation ppl", ppl, self.iteration)
-        return loss
+        (self.valid_mean_history if what else self.valid_history).append((self.iteration, loss))
+        msg = (f" validation loss{what} at iteration {self.iteration} | lm loss value: "
+               f"{loss:.6E} | lm loss PPL: {ppl:.6E} |")
+        print_rank_last("-" * len(msg) + "\n" + msg + "\n" + "-" * len(msg))
+        self.run_log.write(msg)
+        if self.writer is not None:
+            tag = "lm loss validation" + (" replica average" if what else "")
+            self.writer.add_scalar(tag, loss, self.iteration)
+            self.writer.add_scalar(tag + " ppl", ppl, self.iteration)
 
     def final_evaluate(self) -> None:
         """Validation after the last iteration, unless the loop just ran it."""

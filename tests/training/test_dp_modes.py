@@ -130,3 +130,56 @@ def test_resume_bit_exact_with_each_dp_mode(tiny_corpus, tmp_path):
 def test_bad_dp_mode_flags_are_rejected(tiny_corpus, flags, world, needle):
     with pytest.raises(ConfigError, match=needle.replace("-", r"\-")):
         parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=world)
+
+
+def _replica_average_worker(rank, world, corpus):
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.cc.grad_sync.param_sync import replica_average
+
+    def check_average(trainer):
+        """Inside the block: the mean of the replicas' weights; after it: our own, bit for bit."""
+        group = ps.get_data_parallel_group()
+        own = [p.detach().clone() for p in trainer.model.parameters()]
+        gathered = []
+        for p in own:
+            parts = [torch.empty_like(p) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(parts, p, group=group)
+            gathered.append(torch.stack(parts))
+        with replica_average(trainer.model, group):
+            inside = [(p.detach() - g.mean(0)).abs().max().item()
+                      for p, g in zip(trainer.model.parameters(), gathered)]
+        after = all(torch.equal(p, o) for p, o in zip(trainer.model.parameters(), own))
+        differ = any(not torch.equal(g[0], g[1]) for g in gathered)
+        return (max(inside), after, differ, trainer.valid_history, trainer.valid_mean_history)
+
+    common = {"pipeline-model-parallel-size": 2, "train-iters": 6, "eval-iters": 2}
+    cocktail = {"dp-mode": "cocktail_sgd", **common}
+    out = {"cocktail": runner._run(tiny_gpt_argv(corpus, **cocktail, **{"eval-interval": 2}),
+                                   world, check_average),
+           "cocktail-no-eval": runner.train(tiny_gpt_argv(corpus, **cocktail), world),
+           "diloco": runner._run(tiny_gpt_argv(corpus, **common, **{
+               "dp-mode": "diloco", "diloco-inner-steps": 3, "eval-interval": 3}),
+               world, check_average),
+           "allreduce": runner._run(tiny_gpt_argv(corpus, **common, **{"eval-interval": 2}),
+                                    world, check_average)}
+    return out
+
+
+def test_replica_average_validation(tiny_corpus):
+    """Validation of the replicas' mean weights in the parameter-syncing modes: the block holds
+    the exact mean and restores each replica's weights bit for bit, so training with it is
+    identical to training without it; where the replicas agree (DiLoCo right after an outer
+    step) it gives exactly the plain validation loss; exact all-reduce logs no such line."""
+    out = run_distributed(_replica_average_worker, 4, (tiny_corpus,), timeout=600)[-1]
+    losses, (inside, after, differ, valid, mean) = out["cocktail"]
+    assert inside < 1e-6 and after and differ   # CocktailSGD's replicas differ (worker error)
+    assert losses == out["cocktail-no-eval"]     # validating the mean does not touch training
+    assert [i for i, _ in mean] == [i for i, _ in valid] == [2, 4, 6]
+    assert [v for _, v in mean] != [v for _, v in valid]
+    _, (inside, after, differ, valid, mean) = out["diloco"]
+    assert inside < 1e-6 and after and not differ   # training ended on an outer step
+    assert mean == valid and [i for i, _ in valid] == [3, 6]
+    _, (_, _, differ, valid, mean) = out["allreduce"]
+    assert mean == [] and len(valid) == 3 and not differ

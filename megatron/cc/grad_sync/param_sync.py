@@ -8,9 +8,11 @@ Segments: the tied word embedding lives on the first and the last pipeline stage
 copies must stay identical, so it is always synchronised as a segment of its own (its own
 top-k, scales, fragment): the two stages then run the same computation on the same values.
 """
+import contextlib
 from typing import Dict, List
 
 import torch
+import torch.distributed as dist
 
 from megatron.cc.grad_sync.sync import shared_embedding_weight
 
@@ -57,3 +59,27 @@ def clone_state(d: dict) -> dict:
     if isinstance(d, (list, tuple)):
         return [clone_state(v) for v in d]
     return d.detach().clone() if torch.is_tensor(d) else d
+
+
+@contextlib.contextmanager
+def replica_average(model, group):
+    """Inside the block the model holds the mean of its dp replicas' weights; after it, this
+    replica's own weights again, bit for bit (fp32 copies; the modes run fp32).
+
+    Between syncs the parameter-syncing modes keep a different model on every replica
+    (CocktailSGD's unsent error, gossip averaging, DiLoCo's inner steps). Their analyses
+    follow the replicas' mean (error feedback's virtual iterate, gossip's average iterate),
+    which is also what a final exact average would deliver. Collective over `group`.
+    """
+    segments = param_segments(model)
+    own = {k: flatten(v) for k, v in segments.items()}
+    world = dist.get_world_size(group)
+    for key, params in segments.items():
+        mean = own[key].clone()
+        dist.all_reduce(mean, group=group)
+        copy_flat_(params, mean / world)
+    try:
+        yield
+    finally:
+        for key, params in segments.items():
+            copy_flat_(params, own[key])
