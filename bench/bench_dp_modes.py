@@ -35,13 +35,13 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from runlog import (RunResult, load_runs, plot_losses, run_pretrain,  # noqa: E402
-                    save_runs)
+from runlog import (RunResult, load_meta, load_runs, plot_losses,  # noqa: E402
+                    run_pretrain, save_runs)
 
 from megatron.training.checkpointing import atomic_write_text  # noqa: E402
 
 DEMO = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4",
-        "--seq-length", "128", "--micro-batch-size", "4", "--global-batch-size", "32",
+        "--seq-length", "128",
         "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-fraction", "0.0667",
         "--lr-decay-style", "cosine", "--log-interval", "10", "--eval-iters", "8",
         "--seed", "1234"]
@@ -58,7 +58,7 @@ def diloco(h: int, comp: str = "none"):
 
 RUNS = {
     "allreduce": [],
-    "isolated": ["--global-batch-size", "8", "--eval-iters", "32"],   # the same 256 samples
+    "isolated": [],   # one replica's share of the batch, the same validation samples: batch()
     "diloco-H1": ["--dp-mode", "diloco", "--diloco-inner-steps", "1", "--diloco-outer-lr", "1",
                   "--diloco-outer-momentum", "0"],
     "cocktail": COCKTAIL,
@@ -79,6 +79,16 @@ RUNS = {
 }
 
 
+def batch_flags(name: str, global_batch: int, micro_batch: int):
+    """The batch flags of a run: `isolated` is one rank with a dp=4 replica's share of the
+    global batch, validated on the same samples as the others (4x the eval iterations)."""
+    if name == "isolated":
+        share = global_batch // 4
+        return ["--global-batch-size", str(share), "--micro-batch-size",
+                str(min(micro_batch, share)), "--eval-iters", "32"]
+    return ["--global-batch-size", str(global_batch), "--micro-batch-size", str(micro_batch)]
+
+
 def reference(run, runs):
     """The all-reduce run a run is compared with (same pp; the hetero one for hetero runs)."""
     want = ("pp2-allreduce" if run.name.startswith("pp2-") else
@@ -86,24 +96,35 @@ def reference(run, runs):
     return next((r for r in runs if r.name == want), None)
 
 
-def table(runs, iters: int) -> str:
-    rows = [f"demo GPT (4 layers, hidden 128, seq 128), dp=4 (pp2-*: pp=2 x dp=2), micro-batch 4, "
-            f"global batch 32 (isolated: one rank, batch 8), {iters} iterations, Adam lr 1e-3 "
+def gap_text(loss, ref) -> str:
+    """Relative gap of `loss` to the reference run's final validation loss, or "-"."""
+    if loss is None or ref is None or not ref.final_valid:
+        return "-"
+    return f"{(loss - ref.final_valid) / ref.final_valid * 100:+.2f}%"
+
+
+def table(runs, iters: int, global_batch: int = 32, micro_batch: int = 4) -> str:
+    rows = [f"demo GPT (4 layers, hidden 128, seq 128), dp=4 (pp2-*: pp=2 x dp=2), micro-batch "
+            f"{micro_batch}, global batch {global_batch} (isolated: one rank, batch "
+            f"{global_batch // 4}), {iters} iterations, Adam lr 1e-3 "
             f"cosine, same seed and data. "
             f"dp bytes per iteration averaged over the run's log intervals (DiLoCo: outer syncs "
             f"spread over their H steps); ratio against the gradient all-reduce of the same "
-            f"iterations. Gap and speed-up against the all-reduce run of the same layout "
+            f"iterations. Replicas' mean: validation of the mean of the replicas' weights "
+            f"(parameter-syncing modes, whose replicas differ between syncs). Gap and speed-up "
+            f"against the all-reduce run of the same layout "
             f"(hetero runs: against allreduce-hetero).", "",
-            "| run | final val loss | gap | dp bytes/iter | dp ratio | ms/iter | vs all-reduce |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+            "| run | final val loss | gap | val loss, replicas' mean | gap | dp bytes/iter | "
+            "dp ratio | ms/iter | vs all-reduce |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         ref = reference(r, runs)
-        gap = (f"{(r.final_valid - ref.final_valid) / ref.final_valid * 100:+.2f}%"
-               if ref and r.final_valid and ref.final_valid else "-")
+        gap, mean_gap = gap_text(r.final_valid, ref), gap_text(r.final_valid_mean, ref)
+        mean = "-" if r.final_valid_mean is None else f"{r.final_valid_mean:.4f}"
         speed = f"x{ref.steady_ms / r.steady_ms:.2f}" if ref else "-"
         dp_b = r.bytes_per_iter.get("dp")
         ratio = r.ratio.get("dp")
-        rows.append(f"| {r.name} | {r.final_valid:.4f} | {gap} | "
+        rows.append(f"| {r.name} | {r.final_valid:.4f} | {gap} | {mean} | {mean_gap} | "
                     f"{'-' if dp_b is None else f'{dp_b / 1e3:.1f} KB'} | "
                     f"{'-' if ratio is None else f'x{ratio:.1f}'} | {r.steady_ms:.0f} | {speed} |")
     return "\n".join(rows)
@@ -137,15 +158,23 @@ def main():
                    help=f"comma-separated subset of {', '.join(RUNS)}")
     p.add_argument("--out", default=os.path.join(HERE, "results"),
                    help="directory of dp_modes.md, .json and dp_modes_loss.png")
+    p.add_argument("--global-batch-size", type=int, default=32,
+                   help="global batch of every dp=4 run (a multiple of 4 x --micro-batch-size)")
+    p.add_argument("--micro-batch-size", type=int, default=4, help="micro-batch of every run")
     p.add_argument("--replot", action="store_true",
                    help="redraw the table and plot from dp_modes.json in --out and exit")
     p.add_argument("--merge", nargs="*", default=[],
                    help="with --replot: also take the runs of these dp_modes.json files (e.g. "
                         "from a second invocation with another --out); later files win")
     a = p.parse_args()
+    if a.global_batch_size % (4 * a.micro_batch_size):
+        p.error(f"--global-batch-size {a.global_batch_size} is not a multiple of 4 replicas x "
+                f"--micro-batch-size {a.micro_batch_size}")
     raw = os.path.join(a.out, "dp_modes.json")
+    meta = {"global_batch_size": a.global_batch_size, "micro_batch_size": a.micro_batch_size}
     if a.replot:
         iters, runs = load_runs(raw)
+        meta = {**meta, **load_meta(raw)}
         for path in a.merge:
             more_iters, more = load_runs(path)
             if more_iters != iters:
@@ -155,7 +184,7 @@ def main():
         order = list(RUNS)
         runs.sort(key=lambda r: order.index(r.name) if r.name in order else len(order))
         if a.merge:
-            save_runs(raw, iters, runs)
+            save_runs(raw, iters, runs, meta)
     else:
         names = [n for n in a.runs.split(",") if n]
         unknown = [n for n in names if n not in RUNS]
@@ -166,7 +195,8 @@ def main():
         os.makedirs(a.out, exist_ok=True)
         for name in names:
             try:
-                r = run_pretrain(name, NPROC.get(name, 4), common + RUNS[name], port=29710)
+                flags = common + batch_flags(name, a.global_batch_size, a.micro_batch_size)
+                r = run_pretrain(name, NPROC.get(name, 4), flags + RUNS[name], port=29710)
             except RuntimeError as e:   # keep going: one broken mode must not lose the rest
                 print(f"{name}: FAILED\n{str(e)[-2000:]}", flush=True)
                 continue
@@ -176,8 +206,8 @@ def main():
             print(f"{name}: final validation loss {r.final_valid:.4f}, "
                   f"{r.steady_ms:.0f} ms/iter, dp {r.bytes_per_iter.get('dp', 0):.0f} B/iter",
                   flush=True)
-            save_runs(raw, iters, runs)
-    text = table(runs, iters)
+            save_runs(raw, iters, runs, meta)
+    text = table(runs, iters, meta["global_batch_size"], meta["micro_batch_size"])
     print("\n" + text)
     atomic_write_text(os.path.join(a.out, "dp_modes.md"), text + "\n")
     plot = os.path.join(a.out, "dp_modes_loss.png")

@@ -102,16 +102,25 @@ def plot_losses(results: List[RunResult], path: str, title: str,
     fig.savefig(path, dpi=110)
 
 
-_KEEP = ("name", "losses", "valid", "valid_mean", "ms_per_iter", "bytes_per_iter", "ratio", "wall_s")
+_KEEP = ("name", "losses", "valid", "valid_mean", "ms_per_iter", "bytes_per_iter", "ratio",
+         "wall_s")
 
 
-def save_runs(path: str, iters: int, runs: List[RunResult]) -> None:
-    """The numbers of `runs` as JSON (atomic), for redrawing tables and plots later."""
+def save_runs(path: str, iters: int, runs: List[RunResult], meta: Optional[dict] = None) -> None:
+    """The numbers of `runs` as JSON (atomic), for redrawing tables and plots later; `meta`:
+    the settings the table's caption needs (see load_meta)."""
     import dataclasses
     import json
     from megatron.training.checkpointing import atomic_write_text
-    atomic_write_text(path, json.dumps({"iters": iters, "runs": [
+    atomic_write_text(path, json.dumps({"iters": iters, "meta": meta or {}, "runs": [
         {k: v for k, v in dataclasses.asdict(r).items() if k in _KEEP} for r in runs]}))
+
+
+def load_meta(path: str) -> dict:
+    """The `meta` given to save_runs ({} for files written without one)."""
+    import json
+    with open(path) as f:
+        return json.load(f).get("meta", {})
 
 
 def load_runs(path: str):
