@@ -17,6 +17,8 @@ Runs (dp=4, pp=1 unless the name says pp2):
   powersgd             SC: --grad-comp rank 8, 10% warm-up
   cocktail             --dp-mode cocktail_sgd 0.1 / 0.2 / 4 bits, overlapped (one step stale)
   cocktail-w30         the same after 30 warm-up iterations of exact all-reduce (10%)
+  cocktail-r0.5, cocktail-r1-k0.5, cocktail-r1-k1-8b   less compression (random / top-k /
+                       bits 0.5/0.2/4, 1/0.5/4, 1/1/8): the bytes / quality curve
   diloco-H10 / -H50    --dp-mode diloco, H inner steps, exact fp32 outer all-reduce
   diloco-H10-int8 / -H50-int8   the same with int8 pseudo-gradients (error feedback)
   diloco-H50-int8-avg  H=50, int8, outer lr 1 and momentum 0 (plain parameter averaging)
@@ -41,13 +43,18 @@ from runlog import (RunResult, load_meta, load_runs, plot_losses,  # noqa: E402
 from megatron.training.checkpointing import atomic_write_text  # noqa: E402
 
 DEMO = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4",
-        "--seq-length", "128",
-        "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-fraction", "0.0667",
+        "--seq-length", "128", "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-fraction", "0.0667",
         "--lr-decay-style", "cosine", "--log-interval", "10", "--eval-iters", "8",
         "--seed", "1234"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
-COCKTAIL = ["--dp-mode", "cocktail_sgd", "--cocktail-random-ratio", "0.1",
-            "--cocktail-topk-ratio", "0.2", "--cocktail-bits", "4"]
+
+
+def cocktail(random_ratio: float, topk_ratio: float, bits: int):
+    return ["--dp-mode", "cocktail_sgd", "--cocktail-random-ratio", str(random_ratio),
+            "--cocktail-topk-ratio", str(topk_ratio), "--cocktail-bits", str(bits)]
+
+
+COCKTAIL = cocktail(0.1, 0.2, 4)
 HETERO = ["--hetero", "0.5"]
 NPROC = {"isolated": 1}   # every other run: 4 ranks
 
@@ -63,6 +70,10 @@ RUNS = {
                   "--diloco-outer-momentum", "0"],
     "cocktail": COCKTAIL,
     "cocktail-w30": COCKTAIL + ["--cocktail-warmup-steps", "30"],
+    # less compression: where on the bytes / quality curve does CocktailSGD reach all-reduce?
+    "cocktail-r0.5": cocktail(0.5, 0.2, 4),
+    "cocktail-r1-k0.5": cocktail(1.0, 0.5, 4),
+    "cocktail-r1-k1-8b": cocktail(1.0, 1.0, 8),
     "diloco-H50-int8": diloco(50, "int8"),
     "diloco-H50-int8-avg": diloco(50, "int8") + ["--diloco-outer-lr", "1",
                                                  "--diloco-outer-momentum", "0"],
