@@ -56,6 +56,7 @@ def cocktail(random_ratio: float, topk_ratio: float, bits: int):
 
 COCKTAIL = cocktail(0.1, 0.2, 4)
 HETERO = ["--hetero", "0.5"]
+DPADAM = ["--dp-adam-correction"]
 NPROC = {"isolated": 1}   # every other run: 4 ranks
 
 
@@ -75,6 +76,12 @@ RUNS = {
     "cocktail-r1-k0.5": cocktail(1.0, 0.5, 4),
     "cocktail-r1-k1-8b": cocktail(1.0, 1.0, 8),
     "diloco-H50-int8": diloco(50, "int8"),
+    "cocktail-dpadam": COCKTAIL + DPADAM,
+    "diloco-H1-dpadam": ["--dp-mode", "diloco", "--diloco-inner-steps", "1", "--diloco-outer-lr",
+                         "1", "--diloco-outer-momentum", "0"] + DPADAM,
+    "diloco-H50-int8-dpadam": diloco(50, "int8") + DPADAM,
+    "diloco-H50-int8-avg-dpadam": diloco(50, "int8") + ["--diloco-outer-lr", "1",
+                                                        "--diloco-outer-momentum", "0"] + DPADAM,
     "diloco-H50-int8-avg": diloco(50, "int8") + ["--diloco-outer-lr", "1",
                                                  "--diloco-outer-momentum", "0"],
     "diloco-H10-int8": diloco(10, "int8"),

@@ -163,6 +163,12 @@ class CompressionConfig:
         0, "diloco: overlap a fragment's outer all-reduce with this many following inner "
            "steps (background thread); the update is applied then, keeping the local progress "
            "of those steps. Must be < H/F.")
+    dp_adam_correction: bool = flag(
+        False, "Parameter-syncing modes with Adam: each replica's Adam divides by an estimate "
+               "of the second moment of the all-reduced gradient instead of its own (from its "
+               "own moments, no bytes), so the replicas' averaged steps follow Adam on the "
+               "mean gradient instead of a ~sqrt(dp) smaller step (megatron/cc/grad_sync/"
+               "replica_adam.py).")
     ssp_bound: int = flag(
         10, "preduce: every ssp-bound x dp updates a round waits until the groups connect "
             "every replica (1: every round is a full average, i.e. all-reduce).")
@@ -214,6 +220,10 @@ class CompressionConfig:
         if c not in ("none", "fp16", "cocktail") and (bits is None or not 1 <= bits <= 8):
             raise ConfigError(f"--diloco-compression {c!r}: expected none, fp16, int8, "
                               f"fixpoint-<bits 1..8> or cocktail")
+        if self.dp_adam_correction and mode == "allreduce":
+            raise ConfigError("--dp-adam-correction corrects the local Adam steps of a "
+                              "parameter-syncing --dp-mode (cocktail_sgd, diloco, preduce, "
+                              "adpsgd); --dp-mode allreduce already steps on the mean gradient")
         if self.ssp_bound < 1:
             raise ConfigError(f"--ssp-bound must be >= 1, got {self.ssp_bound}")
         if not 0.0 <= self.hetero < 1.0:

@@ -432,6 +432,9 @@ def validate_args(args: Args) -> None:
     if (args.model.fp16 or args.model.bf16) and args.compression.syncs_parameters:
         raise ConfigError(f"--dp-mode {args.compression.dp_mode} exchanges fp32 parameters and "
                           f"does not support --fp16/--bf16 yet; train in fp32")
+    if args.compression.dp_adam_correction and args.training.optimizer != "adam":
+        raise ConfigError("--dp-adam-correction corrects Adam's denominator; it has no effect "
+                          f"with --optimizer {args.training.optimizer}: drop it")
     if args.model.fp16 or args.model.bf16:
         import torch
         if not torch.cuda.is_available():

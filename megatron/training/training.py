@@ -20,6 +20,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+from megatron.cc.grad_sync.replica_adam import use_replica_adam
 from megatron.training.channels import build_grad_sync, build_pipeline_channels
 from megatron.cc.schedule import forward_backward_1f1b, forward_backward_no_pipelining, run_backward
 from megatron.cc.gpipe import forward_backward_gpipe
@@ -150,6 +151,8 @@ class Trainer:
             use_distributed_optimizer=self.args.gpu.use_distributed_optimizer,
             overlap_param_gather=self.args.gpu.overlap_param_gather)
         optimizer = get_megatron_optimizer(opt_config, [self.model])
+        if self.args.compression.dp_adam_correction:
+            use_replica_adam(optimizer, self.args.dp)
         decay_iters = a.lr_decay_iters or a.train_iters
         warmup = (int(a.lr_warmup_fraction * decay_iters) if a.lr_warmup_fraction is not None
                   else a.lr_warmup_iters)

@@ -1,0 +1,89 @@
+"""AdamW for replicas whose steps are averaged afterwards (the parameter-syncing dp modes).
+
+In cocktail_sgd, diloco, preduce and adpsgd every replica takes its own Adam step on its own
+1/dp share of the batch, and the replicas' parameters (or parameter deltas) are averaged
+later. Adam divides by the root of the second moment of the gradient it sees. With per-coordinate
+mean mu and noise variance s^2 of one replica's gradient, a replica sees
+
+    v_i = mu^2 + s^2              while the all-reduced gradient has   v = mu^2 + s^2 / dp
+
+so where noise dominates, the mean of the replicas' steps is sqrt(dp) times smaller than the
+step Adam takes on the all-reduced gradient (measured here at dp=4: averaged local Adam at lr L
+tracks all-reduce at about L/2). This optimizer estimates the all-reduced gradient's second
+moment from the replica's own moments, with no bytes on the wire:
+
+    v_hat, m_hat = bias-corrected Adam moments of this replica
+    v_dp = v_hat / dp + (1 - 1/dp) * min(m_hat^2, v_hat)
+
+m_hat^2 stands in for mu^2. It over-estimates mu^2 (it carries about (1-b1)/(1+b1) of the
+noise), so v_dp errs towards plain Adam's larger denominator, the safe side. v_dp lies in
+[v_hat/dp, v_hat]: plain Adam where the signal dominates, sqrt(dp) larger steps where the noise
+does. The mean of the replicas' steps m_hat_i / sqrt(v_dp) then follows Adam on the mean
+gradient. Each replica's own step is noisier than plain local Adam's. Averaging over the dp
+replicas removes that extra noise.
+
+Flag: --dp-adam-correction (parameter-syncing modes, Adam only). The state is AdamW's own
+(exp_avg, exp_avg_sq, step), so checkpoints load either way. dp = 1 is plain AdamW.
+"""
+import torch
+
+
+def dp_second_moment(m_hat: torch.Tensor, v_hat: torch.Tensor, dp: int) -> torch.Tensor:
+    """The estimated second moment of the mean of dp replicas' gradients (see module doc)."""
+    return v_hat / dp + (1.0 - 1.0 / dp) * torch.minimum(m_hat * m_hat, v_hat)
+
+
+class ReplicaAdamW(torch.optim.AdamW):
+    """torch.optim.AdamW with the denominator sqrt(v_dp) + eps (module doc) instead of
+    sqrt(v_hat) + eps. Decoupled weight decay, bias corrections and state as in AdamW."""
+
+    def __init__(self, params, dp: int, **kwargs):
+        if dp < 1:
+            raise ValueError(f"dp must be >= 1, got {dp}")
+        super().__init__(params, **kwargs)
+        self.dp = dp
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group.get("amsgrad") or group.get("maximize"):
+                raise ValueError("ReplicaAdamW: amsgrad / maximize are not supported")
+            beta1, beta2 = group["betas"]
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if len(state) == 0 or "step" not in state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p,
+                                                           memory_format=torch.preserve_format)
+                state["step"] += 1
+                t = float(state["step"])
+                m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
+                p.mul_(1.0 - lr * wd)
+                m.lerp_(g, 1.0 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+                m_hat = m / (1.0 - beta1 ** t)
+                v_hat = v / (1.0 - beta2 ** t)
+                denom = dp_second_moment(m_hat, v_hat, self.dp).sqrt_().add_(eps)
+                p.addcdiv_(m_hat, denom, value=-lr)
+        return loss
+
+
+def use_replica_adam(optimizer, dp: int) -> None:
+    """Swap the Adam inside a freshly built megatron-core optimizer (FP32Optimizer, or each one
+    of a ChainedOptimizer; torch's AdamW or a fused one) for ReplicaAdamW over the same param
+    groups. Call before the lr scheduler is built and before any step (no state to carry)."""
+    for wrapper in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = wrapper.optimizer
+        if any(len(s) for s in inner.state.values()):
+            raise ValueError("use_replica_adam: the optimizer has already stepped")
+        d = inner.defaults
+        wrapper.optimizer = ReplicaAdamW(inner.param_groups, dp, lr=d["lr"], betas=d["betas"],
+                                         eps=d["eps"], weight_decay=d["weight_decay"])
