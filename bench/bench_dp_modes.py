@@ -22,13 +22,23 @@ Runs (dp=4, pp=1 unless the name says pp2):
   diloco-H10 / -H50    --dp-mode diloco, H inner steps, exact fp32 outer all-reduce
   diloco-H10-int8 / -H50-int8   the same with int8 pseudo-gradients (error feedback)
   diloco-H50-int8-avg  H=50, int8, outer lr 1 and momentum 0 (plain parameter averaging)
+  *-dpadam             the same with --dp-adam-correction (local Adam steps divided by an
+                       estimate of the all-reduced gradient's second moment, no bytes):
+                       cocktail-dpadam, cocktail-k0.5-2b-dpadam (0.1 / 0.5 / 2 bits),
+                       diloco-H1-dpadam, diloco-H50-int8-dpadam, diloco-H50-int8-avg-dpadam
   allreduce-hetero, preduce-hetero, adpsgd-hetero   --hetero 0.5 (replicas randomly up to
                        50% slower per iteration): time per iteration is the point there
   pp2-allreduce, pp2-cocktail, pp2-diloco-H50-int8   pp=2 x dp=2
 
     python bench/bench_dp_modes.py [--iters 300] [--runs allreduce,cocktail] [--replot]
+    python bench/bench_dp_modes.py --warm-start 300 --out bench/results/warm --runs ...
 
 Writes bench/results/dp_modes.md, dp_modes.json and dp_modes_loss.png.
+
+--warm-start N: the papers' setting (CocktailSGD fine-tunes pretrained models; DiLoCo starts
+from a pretrained checkpoint). First N iterations of exact all-reduce pretraining are saved
+(once: <out>/warm_start, reused by later invocations with the same N), then every run starts
+from those weights with --finetune (fresh optimizer, iteration 0, same schedule and data).
 """
 import argparse
 import os
@@ -77,6 +87,7 @@ RUNS = {
     "cocktail-r1-k1-8b": cocktail(1.0, 1.0, 8),
     "diloco-H50-int8": diloco(50, "int8"),
     "cocktail-dpadam": COCKTAIL + DPADAM,
+    "cocktail-k0.5-2b-dpadam": cocktail(0.1, 0.5, 2) + DPADAM,
     "diloco-H1-dpadam": ["--dp-mode", "diloco", "--diloco-inner-steps", "1", "--diloco-outer-lr",
                          "1", "--diloco-outer-momentum", "0"] + DPADAM,
     "diloco-H50-int8-dpadam": diloco(50, "int8") + DPADAM,
@@ -121,10 +132,13 @@ def gap_text(loss, ref) -> str:
     return f"{(loss - ref.final_valid) / ref.final_valid * 100:+.2f}%"
 
 
-def table(runs, iters: int, global_batch: int = 32, micro_batch: int = 4) -> str:
+def table(runs, iters: int, global_batch: int = 32, micro_batch: int = 4,
+          warm_start: int = 0) -> str:
+    start = (f"from the weights of {warm_start} iterations of all-reduce pretraining "
+             f"(--finetune: fresh optimizer and schedule), " if warm_start else "from scratch, ")
     rows = [f"demo GPT (4 layers, hidden 128, seq 128), dp=4 (pp2-*: pp=2 x dp=2), micro-batch "
             f"{micro_batch}, global batch {global_batch} (isolated: one rank, batch "
-            f"{global_batch // 4}), {iters} iterations, Adam lr 1e-3 "
+            f"{global_batch // 4}), {start}{iters} iterations, Adam lr 1e-3 "
             f"cosine, same seed and data. "
             f"dp bytes per iteration averaged over the run's log intervals (DiLoCo: outer syncs "
             f"spread over their H steps); ratio against the gradient all-reduce of the same "
@@ -157,6 +171,26 @@ def average_dp(r: RunResult) -> None:
         r.ratio["dp"] = raw / r.bytes_per_iter["dp"] if r.bytes_per_iter["dp"] else float("inf")
 
 
+def warm_checkpoint(out: str, iters: int, global_batch: int, micro_batch: int) -> str:
+    """The directory of `iters` iterations of all-reduce pretraining (made once, then reused)."""
+    path = os.path.join(out, "warm_start")
+    tracker = os.path.join(path, "latest_checkpointed_iteration.txt")
+    if os.path.exists(tracker):
+        with open(tracker) as f:
+            if f.read().strip() == str(iters):
+                print(f"warm start: reusing {path} ({iters} iterations)", flush=True)
+                return path
+        raise SystemExit(f"{path} holds another warm start than --warm-start {iters}; "
+                         f"remove it or pick another --out")
+    flags = DEMO + batch_flags("allreduce", global_batch, micro_batch) + [
+        "--train-iters", str(iters), "--eval-interval", str(iters), "--save", path,
+        "--save-interval", str(iters)]
+    r = run_pretrain("warm-start", 4, flags, port=29710)
+    print(f"warm start: {iters} iterations of all-reduce, validation loss {r.final_valid:.4f}, "
+          f"saved to {path}", flush=True)
+    return path
+
+
 def dp_bytes_per_log(log: str):
     """Per log line (sent bytes, ratio) of the dp channel, or None where none was sent."""
     from runlog import _BYTES, _ITER, _UNIT
@@ -179,6 +213,9 @@ def main():
     p.add_argument("--global-batch-size", type=int, default=32,
                    help="global batch of every dp=4 run (a multiple of 4 x --micro-batch-size)")
     p.add_argument("--micro-batch-size", type=int, default=4, help="micro-batch of every run")
+    p.add_argument("--warm-start", type=int, default=0, metavar="N",
+                   help="start every run from the weights of N iterations of all-reduce "
+                        "pretraining (saved once under --out/warm_start; 0: from scratch)")
     p.add_argument("--replot", action="store_true",
                    help="redraw the table and plot from dp_modes.json in --out and exit")
     p.add_argument("--merge", nargs="*", default=[],
@@ -189,7 +226,10 @@ def main():
         p.error(f"--global-batch-size {a.global_batch_size} is not a multiple of 4 replicas x "
                 f"--micro-batch-size {a.micro_batch_size}")
     raw = os.path.join(a.out, "dp_modes.json")
-    meta = {"global_batch_size": a.global_batch_size, "micro_batch_size": a.micro_batch_size}
+    if a.warm_start < 0:
+        p.error(f"--warm-start {a.warm_start}: give a number of iterations >= 1 (0: from scratch)")
+    meta = {"global_batch_size": a.global_batch_size, "micro_batch_size": a.micro_batch_size,
+            "warm_start": a.warm_start}
     if a.replot:
         iters, runs = load_runs(raw)
         meta = {**meta, **load_meta(raw)}
@@ -211,6 +251,9 @@ def main():
         iters, runs = a.iters, []
         common = DEMO + ["--train-iters", str(iters), "--eval-interval", str(max(iters // 6, 1))]
         os.makedirs(a.out, exist_ok=True)
+        if a.warm_start:
+            common += ["--load", warm_checkpoint(a.out, a.warm_start, a.global_batch_size,
+                                                 a.micro_batch_size), "--finetune"]
         for name in names:
             try:
                 flags = common + batch_flags(name, a.global_batch_size, a.micro_batch_size)
@@ -225,7 +268,8 @@ def main():
                   f"{r.steady_ms:.0f} ms/iter, dp {r.bytes_per_iter.get('dp', 0):.0f} B/iter",
                   flush=True)
             save_runs(raw, iters, runs, meta)
-    text = table(runs, iters, meta["global_batch_size"], meta["micro_batch_size"])
+    text = table(runs, iters, meta["global_batch_size"], meta["micro_batch_size"],
+                 meta.get("warm_start", 0))
     print("\n" + text)
     atomic_write_text(os.path.join(a.out, "dp_modes.md"), text + "\n")
     plot = os.path.join(a.out, "dp_modes_loss.png")

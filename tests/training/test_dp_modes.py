@@ -56,7 +56,8 @@ MODES = {
     "diloco-delay": {"dp-mode": "diloco", "diloco-inner-steps": 8, "diloco-fragments": 2,
                      "diloco-sync-delay": 2, "diloco-outer-momentum": 0.5},
     "preduce": {"dp-mode": "preduce", "ssp-bound": 1},
-    "adpsgd": {"dp-mode": "adpsgd"},
+    # with the replica Adam correction: its state is AdamW's, saved and loaded by name
+    "adpsgd": {"dp-mode": "adpsgd", "dp-adam-correction": True},
 }
 
 
@@ -126,6 +127,9 @@ def test_resume_bit_exact_with_each_dp_mode(tiny_corpus, tmp_path):
     ({"diloco-inner-steps": 5}, 2, "--diloco-inner-steps configures --dp-mode diloco"),
     ({"dp-mode": "preduce", "cocktail-topk-ratio": 0.5}, 2, "--cocktail-topk-ratio"),
     ({"dp-mode": "preduce", "dp-backend": "gloo"}, 2, "--dp-backend"),
+    ({"dp-adam-correction": True}, 2, "--dp-adam-correction corrects the local Adam"),
+    ({"dp-mode": "diloco", "dp-adam-correction": True, "optimizer": "sgd"}, 2,
+     "--dp-adam-correction corrects Adam"),
 ])
 def test_bad_dp_mode_flags_are_rejected(tiny_corpus, flags, world, needle):
     with pytest.raises(ConfigError, match=needle.replace("-", r"\-")):

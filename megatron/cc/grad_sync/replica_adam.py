@@ -25,6 +25,8 @@ replicas removes that extra noise.
 Flag: --dp-adam-correction (parameter-syncing modes, Adam only). The state is AdamW's own
 (exp_avg, exp_avg_sq, step), so checkpoints load either way. dp = 1 is plain AdamW.
 """
+import math
+
 import torch
 
 
@@ -69,10 +71,14 @@ class ReplicaAdamW(torch.optim.AdamW):
                 p.mul_(1.0 - lr * wd)
                 m.lerp_(g, 1.0 - beta1)
                 v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
-                m_hat = m / (1.0 - beta1 ** t)
-                v_hat = v / (1.0 - beta2 ** t)
-                denom = dp_second_moment(m_hat, v_hat, self.dp).sqrt_().add_(eps)
-                p.addcdiv_(m_hat, denom, value=-lr)
+                bc1, bc2 = 1.0 - beta1 ** t, 1.0 - beta2 ** t
+                # dp_second_moment in v's own (uncorrected) units, in place, few passes:
+                # sqrt(x / bc2) + eps == (sqrt(x) + eps sqrt(bc2)) / sqrt(bc2)
+                d = torch.mul(m, m).mul_(bc2 / (bc1 * bc1))
+                torch.minimum(d, v, out=d)
+                d.mul_(1.0 - 1.0 / self.dp).add_(v, alpha=1.0 / self.dp)
+                d.sqrt_().add_(eps * math.sqrt(bc2))
+                p.addcdiv_(m, d, value=-lr * math.sqrt(bc2) / bc1)
         return loss
 
 
