@@ -153,12 +153,14 @@ def table(runs, iters: int, global_batch: int = 32, micro_batch: int = 4,
         ref = reference(r, runs)
         gap, mean_gap = gap_text(r.final_valid, ref), gap_text(r.final_valid_mean, ref)
         mean = "-" if r.final_valid_mean is None else f"{r.final_valid_mean:.4f}"
-        speed = f"x{ref.steady_ms / r.steady_ms:.2f}" if ref else "-"
+        timed = r.steady_ms == r.steady_ms   # nan: no timing kept (taken beside other jobs)
+        speed = f"x{ref.steady_ms / r.steady_ms:.2f}" if ref and timed else "-"
         dp_b = r.bytes_per_iter.get("dp")
         ratio = r.ratio.get("dp")
         rows.append(f"| {r.name} | {r.final_valid:.4f} | {gap} | {mean} | {mean_gap} | "
                     f"{'-' if dp_b is None else f'{dp_b / 1e3:.1f} KB'} | "
-                    f"{'-' if ratio is None else f'x{ratio:.1f}'} | {r.steady_ms:.0f} | {speed} |")
+                    f"{'-' if ratio is None else f'x{ratio:.1f}'} | "
+                    f"{f'{r.steady_ms:.0f}' if timed else '-'} | {speed} |")
     return "\n".join(rows)
 
 

@@ -187,3 +187,24 @@ def test_replica_average_validation(tiny_corpus):
     assert mean == valid and [i for i, _ in valid] == [3, 6]
     _, (_, _, differ, valid, mean) = out["allreduce"]
     assert mean == [] and len(valid) == 3 and not differ
+
+
+def _replica_adam_worker(rank, world, corpus):
+    from megatron.training.checkpointing import _torch_optimizers
+
+    def kinds(trainer):
+        return [(type(o).__name__, getattr(o, "dp", None))
+                for o in _torch_optimizers(trainer.optimizer)]
+    flags = {"dp-mode": "adpsgd", "train-iters": 3}
+    return (runner._run(tiny_gpt_argv(corpus, **flags), world, kinds),
+            runner._run(tiny_gpt_argv(corpus, **flags, **{"dp-adam-correction": True}),
+                        world, kinds))
+
+
+def test_dp_adam_correction_swaps_the_local_adam(tiny_corpus):
+    (plain, plain_kinds), (ours, our_kinds) = run_distributed(
+        _replica_adam_worker, 2, (tiny_corpus,), timeout=600)[-1]
+    assert {k for k, _ in plain_kinds} == {"AdamW"}
+    assert set(our_kinds) == {("ReplicaAdamW", 2)}
+    assert plain[0] == ours[0]          # same first forward, different steps after it
+    assert plain[1:] != ours[1:]
