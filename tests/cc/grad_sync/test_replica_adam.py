@@ -3,7 +3,7 @@ the replicas' mean gradient from the replica's own moments.
 
 - dp = 1 is torch.optim.AdamW (weight decay, bias corrections), to float rounding;
 - on synthetic gradients (per-coordinate mean mu, per-replica noise s), the estimate from one
-  replica's moments is at most 40% above (never below) the second moment of the mean of dp
+  replica's moments is at most 40% above (and not below) the second moment of the mean of dp
   replicas' gradients, both where noise dominates (plain local Adam is off by a factor of dp
   there) and where the signal does;
 - the mean of dp replicas' steps matches one AdamW step on the mean gradient in size, where
@@ -35,6 +35,29 @@ def test_dp1_is_adamw():
     assert not torch.equal(a, w0)
     for k in ("exp_avg", "exp_avg_sq", "step"):
         torch.testing.assert_close(ours.state[b][k], ref.state[a][k])
+
+
+def test_step_uses_the_estimate():
+    """One step from given moments: p (1 - lr wd) - lr m_hat / (sqrt(v_dp) + eps), v_dp from
+    dp_second_moment (the step computes it in place, in v's units)."""
+    torch.manual_seed(1)
+    dp, t = 4, 7
+    w = torch.randn(256, requires_grad=True)
+    opt = ReplicaAdamW([w], dp=dp, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    m, v, g = torch.randn(256), torch.rand(256), torch.randn(256)
+    opt.state[w] = {"step": torch.tensor(float(t - 1)), "exp_avg": m.clone(),
+                    "exp_avg_sq": v.clone()}
+    w0 = w.detach().clone()
+    w.grad = g
+    opt.step()
+    m1 = BETAS[0] * m + (1 - BETAS[0]) * g
+    v1 = BETAS[1] * v + (1 - BETAS[1]) * g * g
+    m_hat, v_hat = m1 / (1 - BETAS[0] ** t), v1 / (1 - BETAS[1] ** t)
+    want = w0 * (1 - LR * WD) - LR * m_hat / (dp_second_moment(m_hat, v_hat, dp).sqrt() + EPS)
+    torch.testing.assert_close(w.detach(), want, rtol=1e-5, atol=1e-6)
+    # and it is not plain AdamW's step
+    plain = w0 * (1 - LR * WD) - LR * m_hat / (v_hat.sqrt() + EPS)
+    assert (w.detach() - plain).abs().max() > 1e-4
 
 
 def _moments(grads, betas=BETAS):
