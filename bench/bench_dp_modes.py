@@ -19,12 +19,14 @@ Runs (dp=4, pp=1 unless the name says pp2):
   cocktail-w30         the same after 30 warm-up iterations of exact all-reduce (10%)
   cocktail-r0.5, cocktail-r1-k0.5, cocktail-r1-k1-8b   less compression (random / top-k /
                        bits 0.5/0.2/4, 1/0.5/4, 1/1/8): the bytes / quality curve
+  cocktail-r0.125-k1-2b   0.125 / 1 / 2 bits: every sampled entry sent (no mask), 2 bits
   diloco-H10 / -H50    --dp-mode diloco, H inner steps, exact fp32 outer all-reduce
   diloco-H10-int8 / -H50-int8   the same with int8 pseudo-gradients (error feedback)
   diloco-H50-int8-avg  H=50, int8, outer lr 1 and momentum 0 (plain parameter averaging)
   *-dpadam             the same with --dp-adam-correction (local Adam steps divided by an
                        estimate of the all-reduced gradient's second moment, no bytes):
                        cocktail-dpadam, cocktail-k0.5-2b-dpadam (0.1 / 0.5 / 2 bits),
+                       cocktail-r0.125-k1-2b-dpadam (0.125 / 1 / 2 bits: no mask sent),
                        diloco-H1-dpadam, diloco-H50-int8-dpadam, diloco-H50-int8-avg-dpadam
   allreduce-hetero, preduce-hetero, adpsgd-hetero   --hetero 0.5 (replicas randomly up to
                        50% slower per iteration): time per iteration is the point there
@@ -88,6 +90,9 @@ RUNS = {
     "diloco-H50-int8": diloco(50, "int8"),
     "cocktail-dpadam": COCKTAIL + DPADAM,
     "cocktail-k0.5-2b-dpadam": cocktail(0.1, 0.5, 2) + DPADAM,
+    # top-k 1: no mask is sent, so 2-bit values of 1/8 of the entries fit in 120x
+    "cocktail-r0.125-k1-2b": cocktail(0.125, 1.0, 2),
+    "cocktail-r0.125-k1-2b-dpadam": cocktail(0.125, 1.0, 2) + DPADAM,
     "diloco-H1-dpadam": ["--dp-mode", "diloco", "--diloco-inner-steps", "1", "--diloco-outer-lr",
                          "1", "--diloco-outer-momentum", "0"] + DPADAM,
     "diloco-H50-int8-dpadam": diloco(50, "int8") + DPADAM,

@@ -13,6 +13,8 @@ For a tensor of `numel` values at step `step` (stride = round(1 / random_ratio))
 Payload (fixed by numel alone):
     [mask uint8 (ceil(n_rand/8),), codes uint8 (ceil(k*bits/8),), scales fp16 (ceil(k/bucket),)]
     bytes = ceil(n_rand/8) + ceil(k*bits/8) + 2*ceil(k/bucket_size)
+When k = n_rand (top-k ratio 1: every sampled entry kept) the mask would be all ones: it is
+sent empty (0 bytes), which at 2 bits per value halves what a sampled entry costs.
 
 Decompression gives the dense flat tensor: kept values at their positions, zeros elsewhere.
 The sender can call `decompress` on its own payload to learn exactly what it sent
@@ -74,7 +76,7 @@ class CocktailCodec(Codec):
 
     def flat_spec(self, numel: int):
         n_rand, k = self.sizes(numel)
-        return [((packed_nbytes(n_rand, 1),), torch.uint8),
+        return [((0 if k == n_rand else packed_nbytes(n_rand, 1),), torch.uint8),
                 ((packed_nbytes(k, self.bits),), torch.uint8),
                 ((-(-k // self.bucket_size),), self.scale_dtype)]
 
@@ -91,10 +93,15 @@ class CocktailCodec(Codec):
         valid = idx < numel
         vals = torch.where(valid, flat[idx.clamp(max=max(numel - 1, 0))].float(), 0.0)
         mag = torch.where(valid, vals.abs(), -1.0)  # pads lose against every real entry
+        gen = None if self.rng is None else self.rng.get(flat.device)
+        if k == n_rand:   # everything sampled is kept (a pad, if any, carries 0): no mask
+            codes, scales = quantize(vals, self.bits, "bucket", self.bucket_size,
+                                     self.scale_dtype, gen)
+            return [torch.empty(0, dtype=torch.uint8, device=flat.device),
+                    pack_bits(codes, self.bits), scales]
         keep = mag.topk(k, sorted=False).indices.sort().values
         mask = torch.zeros(n_rand, dtype=torch.uint8, device=flat.device)
         mask[keep] = 1
-        gen = None if self.rng is None else self.rng.get(flat.device)
         codes, scales = quantize(vals[keep], self.bits, "bucket", self.bucket_size,
                                  self.scale_dtype, gen)
         return [pack_bits(mask, 1), pack_bits(codes, self.bits), scales]
@@ -105,12 +112,13 @@ class CocktailCodec(Codec):
         would sync the host): `mask_ok` tells."""
         n_rand, k = self.sizes(numel)
         device = payload[0].device
-        mask = unpack_bits(payload[0], 1, n_rand)
         codes = unpack_bits(payload[1], self.bits, k)
         vals = dequantize(codes, payload[2], self.bits, (k,), "bucket", self.bucket_size)
-        # The k set positions in subset order: a stable sort puts the ones first.
-        chosen = torch.sort(mask, descending=True, stable=True).indices[:k]
-        idx = self.random_indices(numel, step, device)[chosen]
+        idx = self.random_indices(numel, step, device)
+        if k < n_rand:
+            mask = unpack_bits(payload[0], 1, n_rand)
+            # The k set positions in subset order: a stable sort puts the ones first.
+            idx = idx[torch.sort(mask, descending=True, stable=True).indices[:k]]
         # Pads (positions >= numel) land in a tail that is cut off.
         out = torch.zeros(numel + self.stride, dtype=torch.float32, device=device)
         out[idx] = vals
@@ -119,6 +127,8 @@ class CocktailCodec(Codec):
     def mask_ok(self, payload: list[torch.Tensor], numel: int) -> bool:
         """True when the payload's mask selects exactly k entries (a host sync)."""
         n_rand, k = self.sizes(numel)
+        if k == n_rand:
+            return payload[0].numel() == 0
         return int(unpack_bits(payload[0], 1, n_rand).sum()) == k
 
     def encode(self, x, ctx):

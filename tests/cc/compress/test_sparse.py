@@ -12,11 +12,13 @@ def expected_bytes(numel, p, topk, bits, bucket=128):
     stride = round(1 / p)
     n_rand = math.ceil(numel / stride)
     k = min(n_rand, max(1, math.floor(topk * n_rand + 0.5)))
-    return math.ceil(n_rand / 8) + math.ceil(k * bits / 8) + 2 * math.ceil(k / bucket)
+    mask = 0 if k == n_rand else math.ceil(n_rand / 8)   # all kept: no mask is sent
+    return mask + math.ceil(k * bits / 8) + 2 * math.ceil(k / bucket)
 
 
 @pytest.mark.parametrize("numel", [1, 9, 1000, 1001, 12345])
-@pytest.mark.parametrize("p,topk,bits", [(0.1, 0.2, 4), (0.5, 0.05, 2), (1.0, 1.0, 8), (0.3, 0.5, 3)])
+@pytest.mark.parametrize("p,topk,bits", [(0.1, 0.2, 4), (0.5, 0.05, 2), (1.0, 1.0, 8), (0.3, 0.5, 3),
+                                         (0.125, 1.0, 2)])
 def test_payload_size_fixed_by_numel(numel, p, topk, bits):
     c = get_codec("cocktail", random_ratio=p, topk_ratio=topk, bits=bits)
     want = expected_bytes(numel, p, topk, bits)
@@ -79,3 +81,21 @@ def test_codec_interface_and_stochastic_state():
     y = b.decode(pb, x.shape, torch.bfloat16, ctx)
     assert y.shape == x.shape and y.dtype == torch.bfloat16
     assert torch.equal(y.float().view(-1), a.decompress(pa, x.numel(), 11, torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("numel", [1000, 1003])   # 1003: the last rolling slot may be a pad
+def test_topk_one_sends_no_mask_and_keeps_the_whole_subset(numel):
+    torch.manual_seed(3)
+    c = get_codec("cocktail", random_ratio=0.125, topk_ratio=1.0, bits=8)
+    x = torch.randn(numel)
+    for step in range(8):
+        payload = c.compress(x, step)
+        assert payload[0].numel() == 0 and c.mask_ok(payload, numel)
+        y = c.decompress(payload, numel, step)
+        idx = c.random_indices(numel, step)
+        idx = idx[idx < numel]
+        rest = torch.ones(numel, dtype=torch.bool)
+        rest[idx] = False
+        assert float(y[rest].abs().max()) == 0.0
+        step_size = x[idx].abs().max() / 127
+        assert float((y[idx] - x[idx]).abs().max()) <= step_size / 2 * 1.001

@@ -158,8 +158,9 @@ def test_cocktail_exchange(results):
     assert (update - mean).abs().max() > 0   # it did quantise
     for r in res:
         assert torch.equal(r["exact"][0], update)
-    # payload: shard 250 -> mask 32 B + 250 codes + 2 scales x 2 B = 286 B per shard and phase
-    assert counted == (4 * 286 + 4 * 286) // 2
+    # payload: shard 250 -> 250 codes + 2 scales x 2 B = 254 B per shard and phase (every
+    # entry kept: no mask)
+    assert counted == (4 * 254 + 4 * 254) // 2
     # 2. bit-identical agreed updates on every replica
     for r in res[1:]:
         assert torch.equal(r["updates"], res[0]["updates"])
