@@ -27,7 +27,8 @@ Runs (dp=4, pp=1 unless the name says pp2):
                        estimate of the all-reduced gradient's second moment, no bytes):
                        cocktail-dpadam, cocktail-k0.5-2b-dpadam (0.1 / 0.5 / 2 bits),
                        cocktail-r0.125-k1-2b-dpadam (0.125 / 1 / 2 bits: no mask sent),
-                       diloco-H1-dpadam, diloco-H50-int8-dpadam, diloco-H50-int8-avg-dpadam
+                       diloco-H1-dpadam, diloco-H50-int8-dpadam, diloco-H50-int8-avg-dpadam,
+                       diloco-H50-F5-int8-dpadam (Streaming DiLoCo: 5 fragments in turn)
   allreduce-hetero, preduce-hetero, adpsgd-hetero   --hetero 0.5 (replicas randomly up to
                        50% slower per iteration): time per iteration is the point there
   pp2-allreduce, pp2-cocktail, pp2-diloco-H50-int8   pp=2 x dp=2
@@ -96,6 +97,7 @@ RUNS = {
     "diloco-H1-dpadam": ["--dp-mode", "diloco", "--diloco-inner-steps", "1", "--diloco-outer-lr",
                          "1", "--diloco-outer-momentum", "0"] + DPADAM,
     "diloco-H50-int8-dpadam": diloco(50, "int8") + DPADAM,
+    "diloco-H50-F5-int8-dpadam": diloco(50, "int8") + ["--diloco-fragments", "5"] + DPADAM,
     "diloco-H50-int8-avg-dpadam": diloco(50, "int8") + ["--diloco-outer-lr", "1",
                                                         "--diloco-outer-momentum", "0"] + DPADAM,
     "diloco-H50-int8-avg": diloco(50, "int8") + ["--diloco-outer-lr", "1",
