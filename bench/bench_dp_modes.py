@@ -282,8 +282,9 @@ def main():
     print("\n" + text)
     atomic_write_text(os.path.join(a.out, "dp_modes.md"), text + "\n")
     plot = os.path.join(a.out, "dp_modes_loss.png")
-    plot_losses(runs, plot, "demo GPT, dp=4 (pp2-*: pp=2 x dp=2): validation loss per dp mode",
-                valid_only=True)
+    warm = meta.get("warm_start", 0)
+    plot_losses(runs, plot, "demo GPT, dp=4 (pp2-*: pp=2 x dp=2): validation loss per dp mode"
+                + (f", from {warm} all-reduce iterations" if warm else ""), valid_only=True)
     print(f"table: {os.path.join(a.out, 'dp_modes.md')}\nloss curves: {plot}")
 
 
