@@ -92,13 +92,13 @@ class CocktailCodec(Codec):
         idx = self.random_indices(numel, step, flat.device)
         valid = idx < numel
         vals = torch.where(valid, flat[idx.clamp(max=max(numel - 1, 0))].float(), 0.0)
-        mag = torch.where(valid, vals.abs(), -1.0)  # pads lose against every real entry
         gen = None if self.rng is None else self.rng.get(flat.device)
         if k == n_rand:   # everything sampled is kept (a pad, if any, carries 0): no mask
             codes, scales = quantize(vals, self.bits, "bucket", self.bucket_size,
                                      self.scale_dtype, gen)
             return [torch.empty(0, dtype=torch.uint8, device=flat.device),
                     pack_bits(codes, self.bits), scales]
+        mag = torch.where(valid, vals.abs(), -1.0)  # pads lose against every real entry
         keep = mag.topk(k, sorted=False).indices.sort().values
         mask = torch.zeros(n_rand, dtype=torch.uint8, device=flat.device)
         mask[keep] = 1
