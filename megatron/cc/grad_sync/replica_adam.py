@@ -61,6 +61,7 @@ class ReplicaAdamW(torch.optim.AdamW):
                     continue
                 state = self.state[p]
                 if len(state) == 0 or "step" not in state:
+                    # on the host, as in AdamW: t is read every step without a device sync
                     state["step"] = torch.zeros((), dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p,
