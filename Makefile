@@ -6,6 +6,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # torch first and pinned: the CPU wheel for the CPU set-up (pyproject.toml only asks for a
 # range, so a GPU machine's CUDA torch is kept: there run `make setup TORCH=` or skip setup).
+# pip's own indexes and find-links first (a wheel already on disk installs in seconds); the
+# PyTorch CPU index only when they lack it (PyPI has no +cpu builds, so that fails fast).
 TORCH  ?= torch==2.13.0+cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 NPROC  ?= 8
@@ -24,7 +26,8 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(if $(TORCH),$(BIN)/pip install -q --extra-index-url $(TORCH_INDEX) $(TORCH))
+	$(if $(TORCH),$(BIN)/pip install -q $(TORCH) || \
+	    $(BIN)/pip install -q --extra-index-url $(TORCH_INDEX) $(TORCH))
 	$(BIN)/pip install -q -e ".[test,eval]"
 	touch $@
 
