@@ -63,8 +63,7 @@ from megatron.training.checkpointing import atomic_write_text  # noqa: E402
 
 DEMO = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4",
         "--seq-length", "128", "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-fraction", "0.0667",
-        "--lr-decay-style", "cosine", "--log-interval", "10", "--eval-iters", "8",
-        "--seed", "1234"]
+        "--lr-decay-style", "cosine", "--log-interval", "10", "--eval-iters", "8"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
 
 
@@ -146,13 +145,13 @@ def gap_text(loss, ref) -> str:
 
 
 def table(runs, iters: int, global_batch: int = 32, micro_batch: int = 4,
-          warm_start: int = 0) -> str:
+          warm_start: int = 0, seed: int = 1234) -> str:
     start = (f"from the weights of {warm_start} iterations of all-reduce pretraining "
              f"(--finetune: fresh optimizer and schedule), " if warm_start else "from scratch, ")
     rows = [f"demo GPT (4 layers, hidden 128, seq 128), dp=4 (pp2-*: pp=2 x dp=2), micro-batch "
             f"{micro_batch}, global batch {global_batch} (isolated: one rank, batch "
             f"{global_batch // 4}), {start}{iters} iterations, Adam lr 1e-3 "
-            f"cosine, same seed and data. "
+            f"cosine, same seed ({seed}) and data. "
             f"dp bytes per iteration averaged over the run's log intervals (DiLoCo: outer syncs "
             f"spread over their H steps); ratio against the gradient all-reduce of the same "
             f"iterations. Replicas' mean: validation of the mean of the replicas' weights "
@@ -186,7 +185,8 @@ def average_dp(r: RunResult) -> None:
         r.ratio["dp"] = raw / r.bytes_per_iter["dp"] if r.bytes_per_iter["dp"] else float("inf")
 
 
-def warm_checkpoint(out: str, iters: int, global_batch: int, micro_batch: int) -> str:
+def warm_checkpoint(out: str, iters: int, global_batch: int, micro_batch: int,
+                    seed: int) -> str:
     """The directory of `iters` iterations of all-reduce pretraining (made once, then reused)."""
     path = os.path.join(out, "warm_start")
     tracker = os.path.join(path, "latest_checkpointed_iteration.txt")
@@ -197,9 +197,9 @@ def warm_checkpoint(out: str, iters: int, global_batch: int, micro_batch: int) -
                 return path
         raise SystemExit(f"{path} holds another warm start than --warm-start {iters}; "
                          f"remove it or pick another --out")
-    flags = DEMO + batch_flags("allreduce", global_batch, micro_batch) + [
-        "--train-iters", str(iters), "--eval-interval", str(iters), "--save", path,
-        "--save-interval", str(iters)]
+    flags = (DEMO + ["--seed", str(seed)] + batch_flags("allreduce", global_batch, micro_batch)
+             + ["--train-iters", str(iters), "--eval-interval", str(iters), "--save", path,
+                "--save-interval", str(iters)])
     r = run_pretrain("warm-start", 4, flags, port=29710)
     print(f"warm start: {iters} iterations of all-reduce, validation loss {r.final_valid:.4f}, "
           f"saved to {path}", flush=True)
@@ -231,6 +231,9 @@ def main():
     p.add_argument("--warm-start", type=int, default=0, metavar="N",
                    help="start every run from the weights of N iterations of all-reduce "
                         "pretraining (saved once under --out/warm_start; 0: from scratch)")
+    p.add_argument("--seed", type=int, default=1234,
+                   help="--seed of every run (data order, initialisation; a reused "
+                        "--warm-start keeps the seed it was made with)")
     p.add_argument("--replot", action="store_true",
                    help="redraw the table and plot from dp_modes.json in --out and exit")
     p.add_argument("--merge", nargs="*", default=[],
@@ -244,7 +247,7 @@ def main():
     if a.warm_start < 0:
         p.error(f"--warm-start {a.warm_start}: give a number of iterations >= 1 (0: from scratch)")
     meta = {"global_batch_size": a.global_batch_size, "micro_batch_size": a.micro_batch_size,
-            "warm_start": a.warm_start}
+            "warm_start": a.warm_start, "seed": a.seed}
     if a.replot:
         iters, runs = load_runs(raw)
         meta = {**meta, **load_meta(raw)}
@@ -264,11 +267,12 @@ def main():
         if unknown:
             p.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(RUNS)}")
         iters, runs = a.iters, []
-        common = DEMO + ["--train-iters", str(iters), "--eval-interval", str(max(iters // 6, 1))]
+        common = DEMO + ["--seed", str(a.seed), "--train-iters", str(iters),
+                         "--eval-interval", str(max(iters // 6, 1))]
         os.makedirs(a.out, exist_ok=True)
         if a.warm_start:
             common += ["--load", warm_checkpoint(a.out, a.warm_start, a.global_batch_size,
-                                                 a.micro_batch_size), "--finetune"]
+                                                 a.micro_batch_size, a.seed), "--finetune"]
         for name in names:
             try:
                 flags = common + batch_flags(name, a.global_batch_size, a.micro_batch_size)
@@ -284,7 +288,7 @@ def main():
                   flush=True)
             save_runs(raw, iters, runs, meta)
     text = table(runs, iters, meta["global_batch_size"], meta["micro_batch_size"],
-                 meta.get("warm_start", 0))
+                 meta.get("warm_start", 0), meta.get("seed", 1234))
     print("\n" + text)
     atomic_write_text(os.path.join(a.out, "dp_modes.md"), text + "\n")
     plot = os.path.join(a.out, "dp_modes_loss.png")
