@@ -124,6 +124,9 @@ def load_named_optimizer_state(optimizer, model, state: Dict[str, dict]) -> None
     to_model = _model_params(optimizer)
     for opt in _torch_optimizers(optimizer):
         for group in opt.param_groups:
+            # Adam's step stays on the host unless capturable/fused, as torch's own
+            # load_state_dict keeps it: a device step would sync on every optimizer step
+            host_step = not (group.get("capturable") or group.get("fused"))
             for p in group["params"]:
                 s = state.get(names[id(to_model.get(id(p), p))])
                 if s is None:
@@ -133,9 +136,6 @@ def load_named_optimizer_state(optimizer, model, state: Dict[str, dict]) -> None
                 if main is not None and to_model.get(id(p)) is not None:
                     with torch.no_grad():
                         p.copy_(main.to(p.device))
-                # Adam's step stays on the host unless capturable/fused, as torch's own
-                # load_state_dict keeps it: a device step would sync on every optimizer step
-                host_step = not (group.get("capturable") or group.get("fused"))
                 opt.state[p] = {k: (v.clone() if k == "step" and host_step else
                                     v.to(p.device).clone()) if torch.is_tensor(v) else v
                                 for k, v in s.items()}
