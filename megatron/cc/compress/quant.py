@@ -7,16 +7,23 @@ stream is padded with zero bits to a whole byte. `numel` codes cost exactly
 
     packed_nbytes(numel, n) = ceil(numel * n / 8) bytes.
 
-Quantisation (symmetric, one scale per group, round to nearest):
-    S     = max|x| over the group, stored in 16 bits (float16 by default, bfloat16 option),
-            rounded UP to the next representable value so that |x| <= S always holds
-            (float16 saturates at 65504: larger values are clipped to it);
-    b >= 2: L = 2^(b-1) - 1, step = S / L, code = round(x / step) + L in [0, 2L]
-            (mid-tread: zero is exact; code 2^b - 1 is unused);
-    b == 1: step = 2 S, code = round(x / step + 1/2) in {0, 1}, i.e. x_hat = +-S (sign).
-    x_hat = (code - c0) * step with c0 = L (b >= 2) or 1/2 (b == 1).
-Round to nearest gives |x - x_hat| <= step / 2 per group; stochastic rounding (unbiased,
-from a seeded torch.Generator) gives |x - x_hat| < step.
+Quantisation (one 16-bit scale S per group, every one of the 2^b codes used), by `scheme`:
+    "fitted" (ours, the default): mid-rise symmetric grid, levels +-(k + 1/2) * step for
+            k < 2^(b-1), outermost level S, step = 2 S / (2^b - 1); S chosen per group to
+            minimise the group's squared error: the best of a geometric ladder of clipping
+            ratios of max|x| (ratio 1 included, so never worse than "absmax"), then two
+            least-squares refits of the step on the chosen codes. 1 bit: S = mean|x| of the
+            group, the exact optimum of a sign quantiser.
+    "absmax": the same grid with S = max|x| (nothing clipped: |x - x_hat| <= step / 2).
+    "seed":  the seeds' grid (AC-SGD, CocktailSGD): mid-tread, codes -2^(b-1) .. 2^(b-1) - 1
+            times step = S / 2^(b-1), S = max|x| (the top code clips +S by one step);
+            1 bit: sign times the group's RMS (CocktailSGD's 1-bit buckets).
+    In every scheme x_hat = (code - c0) * step, step = S / lps, code = round(x / step + c0)
+    clamped to [0, 2^b - 1], with (c0, lps) from `grid(bits, scheme)`. S is stored in 16
+    bits (float16 by default, bfloat16 option), rounded UP to the next representable value
+    (float16 saturates at 65504). Round to nearest (ties to even); stochastic rounding
+    (unbiased, from a seeded torch.Generator) keeps S = max|x| in every scheme, since a
+    clipped value cannot be rounded without bias: |x - x_hat| < step.
 
 Groups (`granularity`), for x of shape (..., C):
     "tensor":  one scale;                                   num_scales = 1
@@ -159,30 +166,94 @@ def store_scale(s: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
     return torch.where(q.float() < s, torch.nextafter(q, torch.full_like(q, math.inf)), q)
 
 
-def _grid(bits: int) -> tuple[float, float]:
-    """(c0, levels-per-scale): x_hat = (code - c0) * scale / levels_per_scale."""
-    if bits == 1:
-        return 0.5, 0.5  # step = 2 S
-    L = (1 << (bits - 1)) - 1
-    return float(L), L
+SCHEMES = ("fitted", "absmax", "seed")
+# Clipping ratios of max|x| tried by "fitted": geometric, 1 down to 0.8^11 ~ 0.086 (heavy tails
+# want small ratios; near the optimum the error is flat, so a coarse ladder then a refit suffices).
+_FIT_RATIOS = tuple([1 - 0.025 * k for k in range(12)] + [0.7 * 0.8 ** k for k in range(10)])
+_FIT_REFITS = 3
 
 
-def quant_step(scales: torch.Tensor, bits: int) -> torch.Tensor:
+def _check_scheme(scheme: str) -> None:
+    if scheme not in SCHEMES:
+        raise ValueError(f"quantisation scheme must be one of {SCHEMES}, got {scheme!r}")
+
+
+def grid(bits: int, scheme: str = "fitted") -> tuple[float, float]:
+    """(c0, lps): x_hat = (code - c0) * step with step = scale / lps."""
+    if scheme == "seed" and bits > 1:
+        half = float(1 << (bits - 1))
+        return half, half            # mid-tread: codes -2^(b-1) .. 2^(b-1)-1 around c0
+    half_span = ((1 << bits) - 1) / 2
+    return half_span, half_span      # mid-rise: outermost level = scale
+
+
+def quant_step(scales: torch.Tensor, bits: int, scheme: str = "fitted") -> torch.Tensor:
     """Quantisation step (fp32) for each stored scale."""
-    return scales.float() / _grid(bits)[1]
+    return scales.float() / grid(bits, scheme)[1]
 
 
 def quantize(x: torch.Tensor, bits: int, granularity: str = "channel", group_size: int = 128,
              scale_dtype: torch.dtype = torch.float16,
-             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric fixpoint quantisation.
+             generator: torch.Generator | None = None,
+             scheme: str = "fitted") -> tuple[torch.Tensor, torch.Tensor]:
+    """Fixpoint quantisation with every one of the 2^bits codes.
 
     Returns (codes, scales): codes uint8 of x's shape with values in [0, 2**bits - 1],
     scales (num_scales,) in scale_dtype. A generator switches on stochastic rounding.
     """
     _check_bits(bits)
-    scales = store_scale(group_absmax(x, granularity, group_size), scale_dtype)
-    return quantize_with_scales(x, scales, bits, granularity, group_size, generator), scales
+    _check_scheme(scheme)
+    scales = group_scales(x, bits, granularity, group_size, scale_dtype,
+                          "absmax" if generator is not None else scheme)
+    codes = quantize_with_scales(x, scales, bits, granularity, group_size, generator, scheme)
+    return codes, scales
+
+
+def group_scales(x: torch.Tensor, bits: int, granularity: str, group_size: int = 128,
+                 scale_dtype: torch.dtype = torch.float16,
+                 scheme: str = "fitted") -> torch.Tensor:
+    """The stored scale S of every group, (num_scales,) in scale_dtype."""
+    if scheme == "absmax" or (scheme == "seed" and bits > 1):
+        return store_scale(group_absmax(x, granularity, group_size), scale_dtype)
+    xg, red = _to_groups(x.float(), granularity, group_size)
+    if scheme == "seed":  # 1 bit: sign x RMS
+        return store_scale(xg.square().mean(dim=red).sqrt().reshape(-1), scale_dtype)
+    if bits == 1:         # sign x mean|x|: the least-squares optimum of a sign quantiser
+        return store_scale(xg.abs().mean(dim=red).reshape(-1), scale_dtype)
+    return _fit_scales(xg, red, bits, scale_dtype)
+
+
+def _fit_scales(xg: torch.Tensor, red: int, bits: int, scale_dtype) -> torch.Tensor:
+    """Per-group S minimising sum (x - x_hat)^2 on the mid-rise grid (see module docstring).
+    Candidates are compared with a select, never a host read."""
+    c0, lps = grid(bits, "fitted")
+    qmax = (1 << bits) - 1
+    amax = torch.maximum(xg.amin(dim=red, keepdim=True).neg(), xg.amax(dim=red, keepdim=True))
+
+    def err_and_codes(s_stored):
+        step = s_stored.float() / lps
+        step = torch.where(step > 0, step, torch.ones_like(step))
+        k = (xg / step + c0).round_().clamp_(0, qmax).sub_(c0)   # signed level index
+        return (xg - k * step).square_().sum(dim=red, keepdim=True), k
+
+    best_s = store_scale(amax, scale_dtype)
+    best_err, best_k = err_and_codes(best_s)
+    for ratio in _FIT_RATIOS[1:]:
+        s = store_scale(amax * ratio, scale_dtype)
+        err, k = err_and_codes(s)
+        better = err < best_err
+        best_s, best_err = torch.where(better, s, best_s), torch.where(better, err, best_err)
+        best_k = torch.where(better, k, best_k)
+    for _ in range(_FIT_REFITS):  # least-squares step for the codes chosen so far
+        num = (xg * best_k).sum(dim=red, keepdim=True)
+        den = best_k.square().sum(dim=red, keepdim=True)
+        step = torch.where(den > 0, num / den.clamp_min(1), torch.zeros_like(num))
+        s = store_scale(step.clamp_min(0) * lps, scale_dtype)
+        err, k = err_and_codes(s)
+        better = err < best_err
+        best_s, best_err = torch.where(better, s, best_s), torch.where(better, err, best_err)
+        best_k = torch.where(better, k, best_k)
+    return best_s.reshape(-1)
 
 
 def group_absmax(x: torch.Tensor, granularity: str, group_size: int = 128) -> torch.Tensor:
@@ -194,12 +265,13 @@ def group_absmax(x: torch.Tensor, granularity: str, group_size: int = 128) -> to
 
 def quantize_with_scales(x: torch.Tensor, scales: torch.Tensor, bits: int, granularity: str,
                          group_size: int = 128,
-                         generator: torch.Generator | None = None) -> torch.Tensor:
+                         generator: torch.Generator | None = None,
+                         scheme: str = "fitted") -> torch.Tensor:
     """uint8 codes of x (its shape) on the grid of the stored `scales`."""
     xg, red = _to_groups(x.float(), granularity, group_size)
-    step = quant_step(scales, bits).view(_scale_view(xg, red))
+    step = quant_step(scales, bits, scheme).view(_scale_view(xg, red))
     step = torch.where(step > 0, step, torch.ones_like(step))
-    c0, _ = _grid(bits)
+    c0, _ = grid(bits, scheme)
     v = xg / step
     v += c0
     if generator is None:
@@ -207,19 +279,19 @@ def quantize_with_scales(x: torch.Tensor, scales: torch.Tensor, bits: int, granu
     else:
         v += torch.rand(v.shape, generator=generator, device=generator.device).to(v.device)
         v.floor_()
-    v.clamp_(0, 1 if bits == 1 else 2 * int(c0))
+    v.clamp_(0, (1 << bits) - 1)
     return _from_groups(v.to(torch.uint8), granularity, x.shape)
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, bits: int, shape,
                granularity: str = "channel", group_size: int = 128,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+               dtype: torch.dtype = torch.float32, scheme: str = "fitted") -> torch.Tensor:
     """x_hat = (code - c0) * step, as a tensor of `shape` and `dtype` (math in fp32)."""
-    c0, _ = _grid(bits)
+    c0, _ = grid(bits, scheme)
     v = codes.reshape(shape).float()
     v -= c0
     vg, red = _to_groups(v, granularity, group_size)
-    vg.mul_(quant_step(scales, bits).view(_scale_view(vg, red)))  # v is our own buffer
+    vg.mul_(quant_step(scales, bits, scheme).view(_scale_view(vg, red)))  # our own buffer
     return _from_groups(vg, granularity, shape).to(dtype)
 
 
