@@ -16,29 +16,31 @@ import os
 
 import torch
 
-from .quant import (dequantize, group_absmax, pack_bits, quantize_with_scales, store_scale,
-                    unpack_bits)
+from .quant import (dequantize, group_absmax, group_scales, pack_bits, quantize_with_scales,
+                    store_scale, unpack_bits)
 
 
-def encode_eager(x, bits, granularity, group_size, scale_dtype):
-    return _encode(x, bits, granularity, group_size, scale_dtype, group_absmax, _codes_packed)
+def encode_eager(x, bits, granularity, group_size, scale_dtype, scheme="fitted"):
+    scales = group_scales(x, bits, granularity, group_size, scale_dtype, scheme)
+    return _codes_packed(x, scales, bits, granularity, group_size, scheme), scales
 
 
-def _codes_packed(x, scales, bits, granularity, group_size):
-    return pack_bits(quantize_with_scales(x, scales, bits, granularity, group_size), bits)
+def _codes_packed(x, scales, bits, granularity, group_size, scheme="fitted"):
+    return pack_bits(quantize_with_scales(x, scales, bits, granularity, group_size,
+                                          scheme=scheme), bits)
 
 
 def _encode(x, bits, granularity, group_size, scale_dtype, absmax_fn, codes_fn):
     """max-reduction, then the scales' fp16 round-up (eager and tiny: Inductor keeps fp16
     intermediates in fp32 and would drop the rounding that store_scale checks), then
-    quantise + pack in one pass."""
+    quantise + pack in one pass (the "absmax" scheme)."""
     scales = store_scale(absmax_fn(x, granularity, group_size), scale_dtype)
-    return codes_fn(x, scales, bits, granularity, group_size), scales
+    return codes_fn(x, scales, bits, granularity, group_size, "absmax"), scales
 
 
-def decode_eager(packed, scales, bits, shape, granularity, group_size, dtype):
+def decode_eager(packed, scales, bits, shape, granularity, group_size, dtype, scheme="fitted"):
     codes = unpack_bits(packed, bits, math.prod(shape))
-    return dequantize(codes, scales, bits, shape, granularity, group_size, dtype)
+    return dequantize(codes, scales, bits, shape, granularity, group_size, dtype, scheme)
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,14 +67,17 @@ def _compiled(fn):
     return torch.compile(fn, dynamic=False, options={"emulate_precision_casts": True})
 
 
-def encode(x, bits, granularity, group_size, scale_dtype):
+def encode(x, bits, granularity, group_size, scale_dtype, scheme="fitted"):
     """(packed codes, scales) of x; the same payload layout and scales as the eager path."""
     if not enabled(x):
-        return encode_eager(x, bits, granularity, group_size, scale_dtype)
+        return encode_eager(x, bits, granularity, group_size, scale_dtype, scheme)
+    if scheme != "absmax":  # scale search eager, quantise + pack compiled
+        scales = group_scales(x, bits, granularity, group_size, scale_dtype, scheme)
+        return _compiled(_codes_packed)(x, scales, bits, granularity, group_size, scheme), scales
     return _encode(x, bits, granularity, group_size, scale_dtype, _compiled(group_absmax),
                    _compiled(_codes_packed))
 
 
-def decode(packed, scales, bits, shape, granularity, group_size, dtype):
+def decode(packed, scales, bits, shape, granularity, group_size, dtype, scheme="fitted"):
     fn = _compiled(decode_eager) if enabled(packed) else decode_eager
-    return fn(packed, scales, bits, tuple(shape), granularity, group_size, dtype)
+    return fn(packed, scales, bits, tuple(shape), granularity, group_size, dtype, scheme)

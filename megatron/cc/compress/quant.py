@@ -315,13 +315,17 @@ class FixpointCodec(Codec):
         scale_dtype: "float16" (default) or "bfloat16" for the stored scales.
         stochastic: unbiased stochastic rounding instead of round-to-nearest.
         seed: seed of the stochastic-rounding generator (its state is in state_dict).
+        scheme: "fitted" (default), "absmax" or "seed" (module docstring).
     """
 
     name = "fixpoint"
 
     def __init__(self, bits: int = 8, granularity: str = "channel", group_size: int = 128,
-                 scale_dtype="float16", stochastic: bool = False, seed: int = 0):
+                 scale_dtype="float16", stochastic: bool = False, seed: int = 0,
+                 scheme: str = "fitted"):
         _check_bits(bits)
+        _check_scheme(scheme)
+        self.scheme = scheme
         if granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
         if group_size < 1 or (granularity == "tile" and group_size & (group_size - 1)):
@@ -340,24 +344,25 @@ class FixpointCodec(Codec):
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Unpacked (codes, scales) of x."""
         gen = None if self.rng is None else self.rng.get(x.device)
-        return quantize(x, self.bits, self.granularity, self.group_size, self.scale_dtype, gen)
+        return quantize(x, self.bits, self.granularity, self.group_size, self.scale_dtype, gen,
+                        self.scheme)
 
     def dequantize(self, codes, scales, shape, dtype=torch.float32) -> torch.Tensor:
         return dequantize(codes, scales, self.bits, shape, self.granularity, self.group_size,
-                          dtype)
+                          dtype, self.scheme)
 
     def encode(self, x, ctx=None):
         if self.rng is None:  # deterministic rounding: fused kernels on CUDA (fused.py)
             from . import fused
             return list(fused.encode(x, self.bits, self.granularity, self.group_size,
-                                     self.scale_dtype))
+                                     self.scale_dtype, self.scheme))
         codes, scales = self.quantize(x)
         return [pack_bits(codes, self.bits), scales]
 
     def decode(self, payload, shape, dtype, ctx=None):
         from . import fused
         return fused.decode(payload[0], payload[1], self.bits, tuple(shape), self.granularity,
-                            self.group_size, dtype)
+                            self.group_size, dtype, self.scheme)
 
     def state_dict(self):
         return {} if self.rng is None else self.rng.state_dict()
