@@ -4,7 +4,8 @@ One PowerSGD step per message, no all-reduce: the gradient x of shape (..., m) i
 M (n x m) with n = prod of all but the last dim and m = the last dim (tokens x hidden);
 
     sender:   [M <- M + E]              (LEP, if error_feedback)
-              P = M Q;  orthogonalise P's columns;  Q <- M^T P   (Q persists: warm start)
+              orthogonalise Q's columns; P = M Q; orthogonalise P's columns; Q <- M^T P
+              (Q persists: warm start; the same orthogonalisation before every power step)
               payload = [P (n x r), Q (m x r)] in payload_dtype
               [E <- M - P Q^T]          (from the payload as sent, so casts count as error)
     receiver: M_hat = P Q^T
@@ -140,6 +141,10 @@ class LowRankCodec(Codec):
             q_old = self.qs[key].to(M.device) if key in self.qs else self._initial_q(m, M.device)
             Q = q_old
             for _ in range(self.power_iters):
+                # Q re-orthogonalised before every P = M Q: the Q kept from the last message
+                # has columns scaled by the singular values, so M Q would be ill-conditioned
+                # and Gram-Schmidt would lose the weak directions (error 0.5-0.9 by message 3)
+                Q = orthogonalize_(Q.clone(), self.eps)
                 P = orthogonalize_(M @ Q, self.eps)
                 Q = M.t() @ P
             # a column that came out zero keeps its old value (a select: no host sync)
