@@ -29,6 +29,11 @@ from megatron.core.utils import make_viewless_tensor
 
 
 def activation(m):
+    """The MLP activation the flags name: one function per model definition, on every device.
+
+    GeLU is exact (erf) by default, Hugging Face's "gelu"; --openai-gelu is the tanh
+    approximation, Hugging Face's "gelu_new" (tools/checkpoint maps the two flags that way).
+    """
     if m.swiglu:
         return F.silu
     if m.relu:
@@ -39,16 +44,25 @@ def activation(m):
 
 
 def config_kwargs(m, on_gpu: bool) -> dict:
-    """TransformerConfig fields that depend on the architecture flags."""
+    """TransformerConfig fields that depend on the architecture flags.
+
+    megatron-core's fused bias-GeLU (fusions/fused_bias_gelu.py, taken when activation_func is
+    F.gelu and bias_activation_fusion is on) computes the *tanh* approximation. It is used for
+    --openai-gelu only, whose function it is: exact GeLU never fuses, else a GPU would compute
+    another function than the CPU and than the Hugging Face config the export writes. Fused
+    SwiGLU is silu(a) * b, the unfused function. tests/training/test_gelu_device.py holds
+    megatron-core to this.
+    """
     act = activation(m)
     bias_mlp = not m.disable_bias_linear
-    # megatron-core fuses bias+GeLU (with a bias) and SwiGLU only; other activations run unfused.
-    fusable = (act is F.gelu and bias_mlp and not m.swiglu) or (act is F.silu and m.swiglu)
+    fused = on_gpu and ((m.openai_gelu and bias_mlp) or m.swiglu)   # (flags are exclusive)
+    if fused and m.openai_gelu:
+        act = F.gelu   # selects megatron-core's fused kernel, which is tanh GeLU (see above)
     return dict(
         normalization=m.normalization, gated_linear_unit=m.swiglu, activation_func=act,
         add_bias_linear=bias_mlp, add_qkv_bias=m.add_qkv_bias,
         num_query_groups=m.num_query_groups if m.group_query_attention else None,
-        rotary_interleaved=m.rotary_interleaved, bias_activation_fusion=on_gpu and fusable)
+        rotary_interleaved=m.rotary_interleaved, bias_activation_fusion=fused)
 
 
 class _NoBiasColumnParallelLinear(ColumnParallelLinear):
