@@ -15,6 +15,16 @@ class CompressionConfig:
     check_comp_ratio: bool = flag(
         False, "Log bytes sent per channel and the ratio against uncompressed bytes "
                "(always counted; this also prints a per-channel summary at the end).")
+    check_comp_speed: bool = flag(
+        False, "Log compression / decompression speed per channel on the log line (GB/s of "
+               "uncompressed bytes, mean over messages and ranks; codec compute only, not the "
+               "collectives): every pipeline codec, --grad-comp-type RandomizedSVD and "
+               "--emb-grad-comp. CUDA events read once complete (no sync); wall clock on CPU.")
+    comp_seed: Optional[int] = flag(
+        None, "Seed of the low-rank compressors' random draws, equal on every rank: the "
+              "initial Q of CB, of --grad-comp's PowerSGD and of --emb-grad-comp, and the "
+              "RandomizedSVD projections. Default: --seed (Optimus-CC: 714, independent of "
+              "--seed). Saved in checkpoints; a resume must keep it.")
 
     # ---- fwd channel (+ direct bwd quantisation): AC-SGD / AQ-SGD and TAH-Quant
     forward_compress_method: str = flag(
@@ -81,6 +91,13 @@ class CompressionConfig:
         None, "dtype of P and Q on the wire (float32|bfloat16|float16); default: the "
               "gradient's dtype, so the byte ratio equals the element ratio.",
         choices=["float32", "bfloat16", "float16"])
+    inter_grad_comp_type: str = flag(
+        "PowerSGD", "CB codec: PowerSGD (the 'lowrank' codec, Q warm-started across messages) "
+                    "or RandomizedSVD (the 'rsvd' codec: a fresh Gaussian projection per "
+                    "message, seeded by --comp-seed, iteration and micro-batch; "
+                    "--inter-grad-comp-power-iters - 1 subspace iterations). Same bytes. "
+                    "Optimus-CC accepts this flag and always runs PowerSGD.",
+        choices=["PowerSGD", "RandomizedSVD"])
     use_error_feedback: bool = flag(
         False, "Lazy error propagation for CB: the sender keeps E = M - P Q^T and adds it to the "
                "next message (across micro-batches and iterations); E is never sent alone. "
@@ -105,6 +122,17 @@ class CompressionConfig:
     grad_comp_warm_up: float = flag(
         0.1, "Fraction of --train-iters (from the start) that all-reduce gradients exactly "
              "before PowerSGD begins; in [0, 1).")
+    grad_comp_type: str = flag(
+        "PowerSGD", "Reducer of --grad-comp: PowerSGD (Q warm-started; one all-reduce of P and "
+                    "one of Q per step) or RandomizedSVD (a randomized SVD of the replicas' "
+                    "mean gradient from a fresh Gaussian projection seeded by --comp-seed and "
+                    "the iteration; 1 + --grad-comp-niter all-reduces of each). Both keep "
+                    "error feedback and leave the same tensors exact.",
+        choices=["PowerSGD", "RandomizedSVD"])
+    grad_comp_niter: Optional[int] = flag(
+        None, "--grad-comp-type RandomizedSVD: subspace iterations after the first projection "
+              "(torch.svd_lowrank's niter; Optimus-CC passes 1, the default here); each costs "
+              "one more all-reduce of P and of Q. 0 sends PowerSGD's bytes.")
     selective_grad_comp: bool = flag(
         False, "Only pipeline stages 0..k-1 (k = --selective-grad-comp-way) compress their dp "
                "gradients (their all-reduce ends last, on the critical path); later stages "
@@ -118,6 +146,25 @@ class CompressionConfig:
                "the first and last stage of every replica (one group per TP rank) instead of "
                "the dp all-reduce plus the first/last-stage sum; lossless. With "
                "pipeline size 1 there is no embedding channel and this changes nothing.")
+    # ---- emb channel: Optimus-CC embedding gradient compression (lossy)
+    emb_grad_comp: bool = flag(
+        False, "PowerSGD on the tied embedding gradient's sum between the first and last "
+               "stage: P and Q all-reduced over the embedding group (one replica, after the dp "
+               "all-reduce), or with --emb-comm-opt over the fused group (every replica). Lossy; "
+               "Q warm-started; exact during --emb-grad-comp-warm-up.")
+    emb_grad_comp_type: str = flag(
+        "PowerSGD", "Reducer of --emb-grad-comp (Optimus-CC implements PowerSGD only).",
+        choices=["PowerSGD"])
+    emb_grad_comp_rank: int = flag(
+        4, "Rank r of the embedding PowerSGD (Optimus-CC default 4). Where r (V/tp + H) >= "
+           "(V/tp) H the gradient is summed exactly instead.")
+    emb_grad_comp_warm_up: float = flag(
+        0.1, "Fraction of --train-iters (from the start) whose embedding sync is exact; in "
+             "[0, 1).")
+    emb_use_error_feedback: bool = flag(
+        False, "--emb-grad-comp keeps each stage's share of the residual (E = M - M_hat / "
+               "members; the shares sum to the whole residual) and adds it to its next "
+               "gradient.")
 
     # ---- dp channel: parameter-syncing modes (CocktailSGD, SD-PIPE preduce, AD-PSGD, DiLoCo)
     dp_mode: str = flag(
@@ -399,3 +446,36 @@ class CompressionConfig:
         self.validate_inter_grad_comp(pp)
         self.validate_grad_comp(pp)
         self.validate_dp_mode(dp)
+        self.validate_seed_options(pp)
+
+    def validate_seed_options(self, pp: int) -> None:
+        """Optimus-CC's emb compression, dp reducer type, CB codec type and seed."""
+        import dataclasses
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, needs, flag_ in (("grad_comp_type", self.grad_comp, "--grad-comp"),
+                                   ("grad_comp_niter", self.grad_comp_type == "RandomizedSVD",
+                                    "--grad-comp-type RandomizedSVD"),
+                                   ("inter_grad_comp_type", self.compressed_backprop,
+                                    "--inter-grad-comp"),
+                                   ("emb_grad_comp_type", self.emb_grad_comp, "--emb-grad-comp"),
+                                   ("emb_grad_comp_rank", self.emb_grad_comp, "--emb-grad-comp"),
+                                   ("emb_grad_comp_warm_up", self.emb_grad_comp,
+                                    "--emb-grad-comp"),
+                                   ("emb_use_error_feedback", self.emb_grad_comp,
+                                    "--emb-grad-comp")):
+            if getattr(self, name) != defaults[name] and not needs:
+                raise ConfigError(f"--{name.replace('_', '-')} configures {flag_}; add "
+                                  f"{flag_} (or drop --{name.replace('_', '-')})")
+        if self.grad_comp_niter is not None and self.grad_comp_niter < 0:
+            raise ConfigError(f"--grad-comp-niter must be >= 0, got {self.grad_comp_niter}")
+        if self.emb_grad_comp:
+            if pp < 2:
+                raise ConfigError("--emb-grad-comp compresses the tied embedding gradient "
+                                  "between the first and last pipeline stage; with "
+                                  "--pipeline-model-parallel-size 1 there is none: drop it")
+            if self.emb_grad_comp_rank < 1:
+                raise ConfigError(f"--emb-grad-comp-rank must be >= 1, got "
+                                  f"{self.emb_grad_comp_rank}")
+            if not 0.0 <= self.emb_grad_comp_warm_up < 1.0:
+                raise ConfigError(f"--emb-grad-comp-warm-up is a fraction of --train-iters in "
+                                  f"[0, 1), got {self.emb_grad_comp_warm_up}")

@@ -9,10 +9,13 @@ from megatron.core import parallel_state as ps
 from megatron.cc.grad_sync import (EmbeddingSync, ExactDataParallelSync, FusedEmbeddingSync,
                                    GradSync, PowerSGDDataParallelSync,
                                    create_fused_embedding_group)
+from megatron.cc.grad_sync.emb_powersgd import EmbPowerSGDSync
+from megatron.cc.grad_sync.randomized_svd import RandomizedSVDDataParallelSync
 from megatron.cc.compress import get_codec
 from megatron.cc.diagnostics import OrthogonalityProbe
 from megatron.cc.p2p import Link, PipelineChannels
 from megatron.cc.policy import BackwardCompressionPolicy
+from megatron.cc.speed import CompSpeed, TimedCodec
 from megatron.training.initialize import group_timeout
 from megatron.training.pipeline_codecs import attach_codecs
 from megatron.training.transports import data_parallel_group, pipeline_transport
@@ -23,11 +26,26 @@ def activation_shape(args):
     return (args.model.seq_length, args.training.micro_batch_size, args.model.hidden_size)
 
 
+# --inter-grad-comp-type -> the registered codec that implements it (same keyword arguments)
+CB_CODECS = {"PowerSGD": "lowrank", "RandomizedSVD": "rsvd"}
+
+
+def comp_seed(args) -> int:
+    """The low-rank compressors' seed: --comp-seed, else --seed."""
+    c = args.compression
+    return c.comp_seed if c.comp_seed is not None else args.training.seed
+
+
+def speed_meter(args, stats):
+    """--check-comp-speed: the rank's codec timer (None when off)."""
+    return CompSpeed(stats) if args.compression.check_comp_speed else None
+
+
 def backward_codec(c, seed: int):
     """CB codec for one end of a bwd link, or None (uncompressed)."""
     if not c.compressed_backprop:
         return None
-    return get_codec("lowrank", rank=c.cb_rank, error_feedback=c.use_error_feedback,
+    return get_codec(CB_CODECS[c.inter_grad_comp_type], rank=c.cb_rank, error_feedback=c.use_error_feedback,
                      payload_dtype=c.inter_grad_comp_dtype, seed=seed,
                      flush_on_uncompressed=c.lep_flush_on_uncompressed,
                      power_iters=c.inter_grad_comp_power_iters)
@@ -49,7 +67,7 @@ def build_pipeline_channels(args, config, stats, epoch_samples=None) -> Pipeline
     """
     stage = ps.get_pipeline_model_parallel_rank()
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
-    c, seed = args.compression, args.training.seed
+    c, seed = args.compression, comp_seed(args)
     links = {}
     if args.pp > 1:
         prev = ps.get_pipeline_model_parallel_prev_rank()
@@ -63,6 +81,10 @@ def build_pipeline_channels(args, config, stats, epoch_samples=None) -> Pipeline
             links["next_bwd"] = Link("pp-bwd", nxt, backward_codec(c, seed),
                                      backward_policy(args, sender_stage=stage + 1))
     attach_codecs(args, links, epoch_samples)   # AC-SGD / TAH-Quant codecs and warm-up
+    speed = speed_meter(args, stats)
+    for link in links.values():
+        if speed is not None and link.codec is not None:
+            link.codec = TimedCodec(link.codec, speed, link.channel)
     channels = PipelineChannels(activation_shape(args), config.pipeline_dtype, stats,
                                 transport=pipeline_transport(args), **links)
     if c.check_orth_error_acti and last and not first:
@@ -74,7 +96,7 @@ def overlapped(dp, args):
     """The --overlap-grad-reduce twin of a dp channel (same state, same results)."""
     from megatron.cc.grad_sync.overlap import OverlappedExactSync, OverlappedPowerSGDSync
     kw = dict(bucket_size=args.parallel.ddp_bucket_size, num_microbatches=args.num_microbatches)
-    if isinstance(dp, PowerSGDDataParallelSync):
+    if type(dp) is PowerSGDDataParallelSync:
         return OverlappedPowerSGDSync(dp.group, dp.stats, rank=dp.rank,
                                       warm_up_iters=dp.warm_up_iters,
                                       exclude_embedding=dp.exclude_embedding, seed=dp.seed,
@@ -99,10 +121,7 @@ def build_grad_sync(args, model, stats) -> GradSync:
     stage = ps.get_pipeline_model_parallel_rank()
     fused = c.emb_comm_opt and args.pp > 1   # pp == 1: the embedding goes with the dp sync
     if args.dp > 1 and stage < c.compressed_stages(args.pp):
-        dp = PowerSGDDataParallelSync(
-            dp_group, stats, rank=c.grad_comp_rank,
-            warm_up_iters=int(c.grad_comp_warm_up * args.training.train_iters),
-            exclude_embedding=fused, seed=args.training.seed)
+        dp = dp_reducer(args, dp_group, stats, exclude_embedding=fused)
     else:
         dp = ExactDataParallelSync(dp_group, stats, exclude_embedding=fused,
                                    use_group=own_group)
@@ -118,6 +137,31 @@ def build_grad_sync(args, model, stats) -> GradSync:
     if fused:
         group = create_fused_embedding_group(ps.get_tensor_model_parallel_rank(), member,
                                              timeout=group_timeout(args))
-        return GradSync(dp, FusedEmbeddingSync(group, stats, args.dp))
+        return GradSync(dp, emb_channel(args, FusedEmbeddingSync(group, stats, args.dp), stats))
     emb_group = ps.get_embedding_group(check_initialized=False) if member else None
-    return GradSync(dp, EmbeddingSync(emb_group, stats))
+    return GradSync(dp, emb_channel(args, EmbeddingSync(emb_group, stats), stats))
+
+
+def dp_reducer(args, dp_group, stats, exclude_embedding: bool):
+    """--grad-comp's reducer for this stage: PowerSGD or RandomizedSVD (--grad-comp-type)."""
+    c = args.compression
+    kw = dict(rank=c.grad_comp_rank,
+              warm_up_iters=int(c.grad_comp_warm_up * args.training.train_iters),
+              exclude_embedding=exclude_embedding, seed=comp_seed(args))
+    if c.grad_comp_type == "RandomizedSVD":
+        niter = 1 if c.grad_comp_niter is None else c.grad_comp_niter
+        return RandomizedSVDDataParallelSync(dp_group, stats, niter=niter,
+                                             speed=speed_meter(args, stats), **kw)
+    return PowerSGDDataParallelSync(dp_group, stats, **kw)
+
+
+def emb_channel(args, exact, stats):
+    """The emb channel: `exact` (plain or fused sum), or PowerSGD over its group
+    (--emb-grad-comp; exact during its warm-up)."""
+    c = args.compression
+    if not c.emb_grad_comp:
+        return exact
+    return EmbPowerSGDSync(exact, stats, rank=c.emb_grad_comp_rank,
+                           warm_up_iters=int(c.emb_grad_comp_warm_up * args.training.train_iters),
+                           error_feedback=c.emb_use_error_feedback, seed=comp_seed(args),
+                           speed=speed_meter(args, stats))

@@ -72,7 +72,8 @@ def build_dp_mode_sync(args, model, stats) -> GradSync:
     member = ps.is_pipeline_first_stage(ignore_virtual=True) or \
         ps.is_pipeline_last_stage(ignore_virtual=True)
     emb_group = ps.get_embedding_group(check_initialized=False) if member else None
-    return GradSync(dp, EmbeddingSync(emb_group, stats))
+    from megatron.training.channels import emb_channel   # --emb-grad-comp: lossy emb sum
+    return GradSync(dp, emb_channel(args, EmbeddingSync(emb_group, stats), stats))
 
 
 class ReplicaState:

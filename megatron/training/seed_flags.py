@@ -200,6 +200,7 @@ def validate_seed_flags(args) -> None:
     if args.compat.pp_mode == "gpipe" and args.compression.inter_grad_comp_epilogue_only:
         raise ConfigError("--inter-grad-comp-epilogue-only compresses 1F1B's critical-path "
                           "sends; with --pp-mode gpipe drop it (or use --pp-mode 1f1b)")
+    validate_seed_compression(args)
     if args.compat.rampup_batch_size is not None:
         if args.compression.inter_grad_comp_epilogue_only:
             raise ConfigError("--rampup-batch-size changes the number of micro-batches per "
@@ -209,6 +210,19 @@ def validate_seed_flags(args) -> None:
             raise ConfigError("--rampup-batch-size is a pretraining schedule; epochs over one "
                               "split (--repeat-epoch, delta codecs, --warmup-epochs) need a "
                               "fixed global batch")
+
+
+def validate_seed_compression(args) -> None:
+    """Optimus-CC's remaining compression options against the other groups' flags."""
+    comp = args.compression
+    if comp.emb_grad_comp and args.model.untie_embeddings_and_output_weights:
+        raise ConfigError("--emb-grad-comp compresses the gradient of the tied word embedding; "
+                          "with --untie-embeddings-and-output-weights nothing is shared between "
+                          "the first and last stage: drop one of them")
+    if comp.grad_comp_type == "RandomizedSVD" and args.parallel.overlap_grad_reduce:
+        raise ConfigError("--grad-comp-type RandomizedSVD runs after backward (each subspace "
+                          "iteration needs the whole gradient); drop --overlap-grad-reduce or "
+                          "use --grad-comp-type PowerSGD")
 
 
 def seed_notes(args) -> List[str]:
@@ -228,4 +242,18 @@ def seed_notes(args) -> List[str]:
     if comp.use_error_feedback and comp.grad_comp and not comp.compressed_backprop:
         notes.append("--use-error-feedback with --grad-comp and no CB: PowerSGD's error "
                      "feedback, which --grad-comp always applies here")
+    if comp.grad_comp and comp.grad_comp_type == "RandomizedSVD":
+        niter = 1 if comp.grad_comp_niter is None else comp.grad_comp_niter
+        notes.append(f"--grad-comp-type RandomizedSVD: a randomized SVD of the replicas' mean "
+                     f"gradient, {1 + niter} all-reduces of P and Q per step (Optimus-CC "
+                     f"averages each replica's own SVD factors)")
+    if comp.emb_grad_comp:
+        where = "every replica's first and last stage (--emb-comm-opt)" if comp.emb_comm_opt \
+            else "each replica's first and last stage"
+        notes.append(f"--emb-grad-comp: PowerSGD rank {comp.emb_grad_comp_rank} over {where}; "
+                     f"error feedback keeps each stage's share of the residual")
+    if comp.comp_seed is None and (comp.grad_comp or comp.compressed_backprop
+                                   or comp.emb_grad_comp):
+        notes.append(f"--comp-seed not given: the compressors draw from --seed "
+                     f"{args.training.seed} (Optimus-CC's default is 714)")
     return notes

@@ -4,6 +4,7 @@ Importing this package registers every codec by name:
     identity       base.IdentityCodec       the uncompressed baseline
     fixpoint       quant.FixpointCodec      symmetric b-bit fixpoint, bit-packed (AC-SGD, TAH bwd)
     lowrank        lowrank.LowRankCodec     Optimus-CC compressed backprop (+ LEP)
+    rsvd           rsvd.RandomizedSVDCodec  CB by a randomized SVD per message (+ LEP)
     delta          delta.DeltaCodec         AC-SGD activation deltas against a per-sample cache
     delta-lowbits  delta.DeltaLowbitsCodec  the same with a low-bit cache
     tah            tah.TahCodec             TAH-Quant tile-wise adaptive Hadamard
@@ -13,10 +14,11 @@ from .base import REGISTRY, Codec, CodecContext, get_codec, payload_bytes, regis
 from .delta import ActivationCache, CacheTooLarge, DeltaCodec, DeltaLowbitsCodec
 from .lowrank import LowRankCodec, orthogonalize_
 from .quant import FixpointCodec, pack_bits, packed_nbytes, unpack_bits
+from .rsvd import RandomizedSVDCodec
 from .sparse import CocktailCodec
 from .tah import TahCodec
 
 __all__ = ["REGISTRY", "Codec", "CodecContext", "get_codec", "payload_bytes", "register",
            "ActivationCache", "CacheTooLarge", "DeltaCodec", "DeltaLowbitsCodec",
            "LowRankCodec", "orthogonalize_", "FixpointCodec", "pack_bits", "packed_nbytes",
-           "unpack_bits", "CocktailCodec", "TahCodec"]
+           "unpack_bits", "CocktailCodec", "TahCodec", "RandomizedSVDCodec"]

@@ -1,0 +1,168 @@
+"""Randomized SVD (Halko, Martinsson & Tropp 2011): the CB codec 'rsvd' and its shared pieces.
+
+Optimus-CC's `--grad_comp_type RandomizedSVD` / `--inter_grad_comp_type`: where PowerSGD
+warm-starts Q from the previous message, a randomized SVD starts every message from a fresh
+Gaussian test matrix Omega (m x r):
+
+    Y = M Omega;  P = orth(Y)                      range finder
+    repeat `niter` times: P = orth(M orth(M^T P))  subspace (power) iterations
+    B = M^T P;    M_hat = P B^T                    = P P^T M, M projected on range(P)
+
+P P^T M is the rank-r truncated SVD's reconstruction when Omega captures the top-r subspace,
+and within a small factor of it in expectation otherwise (Halko et al. Thm. 10.5; tested).
+The payload is (P, B): r (n + m) values, the bytes of the 'lowrank' codec at the same rank.
+
+Omega is never stored: it is drawn from a generator on the message's device seeded with
+(seed, iteration, micro-batch), so it is reproducible after a resume without any state and the
+same on every rank that draws it with the same numbers (`seeded_gaussian`). CPU and CUDA
+generators produce different numbers: a run is reproducible on the same kind of device.
+
+`orthonormalize_` is Gram-Schmidt run twice ("twice is enough", Giraud et al. 2005): a
+randomized range finder sees rank-deficient Y whenever M's rank is below r (small models,
+sparse embedding gradients), and one pass of Gram-Schmidt then normalises rounding noise into
+columns that are far from orthogonal to the others, so P P^T M double-counts; the second pass
+makes them orthogonal to rounding, and P P^T M equals M to float rounding. Elementwise ops and
+matmuls only: no host sync, unlike a LAPACK QR whose CUDA path may check its info flag.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Codec, parse_dtype, register
+from .lowrank import matrix_dims, orthogonalize_
+
+_MIX = 0x9E3779B97F4A7C15   # odd 64-bit constant: distinct (seed, i, j) give distinct seeds
+
+
+def orthonormalize_(p: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Orthonormal columns of p (n x r) in place, to float rounding even when p is rank-deficient
+    (the deficient columns come out orthogonal to the others, or zero); returns p."""
+    return orthogonalize_(orthogonalize_(p, eps), eps)
+
+
+def message_seed(seed: int, *counters: int) -> int:
+    """A 63-bit generator seed from the compressor seed and message counters (iteration, ...)."""
+    s = seed & (2**63 - 1)
+    for c in counters:
+        s = (s * _MIX + int(c) + 1) % (2**63 - 1)
+    return s
+
+
+class SeededGaussian:
+    """Gaussian test matrices from one generator per device type, reseeded per message."""
+
+    def __init__(self):
+        self._gens: dict[str, torch.Generator] = {}
+
+    def draw(self, shapes, like: torch.Tensor, seed: int) -> list[torch.Tensor]:
+        """One standard normal tensor per shape, on like's device and dtype, in order."""
+        gen = self._gens.get(like.device.type)
+        if gen is None:
+            gen = self._gens[like.device.type] = torch.Generator(device=like.device)
+        gen.manual_seed(seed)   # host-side: no device work, no sync
+        return [torch.randn(s, generator=gen, device=like.device, dtype=like.dtype)
+                for s in shapes]
+
+
+def range_and_coefficients(M: torch.Tensor, omega: torch.Tensor, niter: int, eps: float):
+    """Local randomized SVD of M (n x m): (P, B) with P (n x r) orthonormal, M_hat = P B^T."""
+    P = orthonormalize_(M @ omega, eps)
+    for _ in range(niter):
+        P = orthonormalize_(M @ orthonormalize_(M.t() @ P, eps), eps)
+    return P, M.t() @ P
+
+
+@register("rsvd")
+class RandomizedSVDCodec(Codec):
+    """CB with a randomized SVD per message (`--inter-grad-comp-type RandomizedSVD`), with LEP.
+
+    The keyword arguments are the 'lowrank' codec's, with the same meaning, so the CB wiring
+    builds either: rank r, error_feedback (LEP: the sender keeps E = M - P B^T and adds it to
+    the next message of that shape), payload_dtype, seed (of every Omega), eps,
+    flush_on_uncompressed, power_iters (matmul pairs per message: 1 = range finder only,
+    like PowerSGD's one step; each extra is one subspace iteration; no bytes).
+    Full rank (r >= min(n, m)): M itself is sent, as 'lowrank' does.
+    State: E per message shape (and the seed, checked on load).
+    """
+
+    name = "rsvd"
+
+    def __init__(self, rank: int = 12, error_feedback: bool = False, payload_dtype=None,
+                 seed: int = 0, eps: float = 1e-8, flush_on_uncompressed: bool = False,
+                 power_iters: int = 1):
+        if rank < 1:
+            raise ValueError(f"rank must be >= 1, got {rank}")
+        if power_iters < 1:
+            raise ValueError(f"power_iters must be >= 1, got {power_iters}")
+        self.rank, self.error_feedback, self.seed, self.eps = rank, error_feedback, seed, eps
+        self.flush_on_uncompressed, self.power_iters = flush_on_uncompressed, power_iters
+        self.payload_dtype = parse_dtype(payload_dtype)
+        self.errors: dict[str, torch.Tensor] = {}   # shape key -> E (n x m), fp32
+        self._gaussian = SeededGaussian()
+
+    def full_rank(self, shape) -> bool:
+        n, m = matrix_dims(shape)
+        return self.rank >= min(n, m)
+
+    def payload_spec(self, shape, dtype):
+        n, m = matrix_dims(shape)
+        pd = self.payload_dtype or dtype
+        if self.full_rank(shape):
+            return [((n, m), pd)]
+        return [((n, self.rank), pd), ((m, self.rank), pd)]
+
+    def error(self, shape) -> torch.Tensor | None:
+        return self.errors.get(_key(shape))
+
+    def encode(self, x, ctx=None):
+        n, m = matrix_dims(x.shape)
+        key, pd = _key(x.shape), self.payload_dtype or x.dtype
+        M = x.reshape(n, m).float()
+        if self.error_feedback and key in self.errors:
+            M = M + self.errors[key].to(M.device)
+        if self.full_rank(x.shape):
+            payload = [M.to(pd).contiguous()]
+            sent = payload[0].float()
+        else:
+            it, mb = (ctx.iteration, ctx.microbatch) if ctx is not None else (0, 0)
+            omega, = self._gaussian.draw([(m, self.rank)], M, message_seed(self.seed, it, mb))
+            P, B = range_and_coefficients(M, omega, self.power_iters - 1, self.eps)
+            payload = [P.to(pd), B.to(pd)]
+            sent = payload[0].float() @ payload[1].float().t()   # what the receiver rebuilds
+        if self.error_feedback:
+            self.errors[key] = M - sent
+        return payload
+
+    def pass_through(self, x, ctx=None):
+        key = _key(x.shape)
+        if not (self.error_feedback and self.flush_on_uncompressed and key in self.errors):
+            return x
+        M = x.reshape(self.errors[key].shape).float() + self.errors[key].to(x.device)
+        sent = M.to(x.dtype)
+        self.errors[key] = M - sent.float()     # zero unless the cast rounds
+        return sent.reshape(x.shape)
+
+    def decode(self, payload, shape, dtype, ctx=None):
+        if len(payload) == 1:
+            return payload[0].reshape(shape).to(dtype)
+        P, B = payload
+        return (P.float() @ B.float().t()).reshape(shape).to(dtype)
+
+    def state_dict(self):
+        return {"errors": {k: v.clone() for k, v in self.errors.items()}, "seed": self.seed}
+
+    def load_state_dict(self, sd):
+        check_seed(sd, self.seed, "the randomized-SVD CB codec")
+        self.errors = {k: v.clone().float() for k, v in sd.get("errors", {}).items()}
+
+
+def check_seed(sd: dict, seed: int, what: str) -> None:
+    """A compressor whose random draws continue from a checkpoint must keep its seed."""
+    saved = sd.get("seed")
+    if saved is not None and saved != seed:
+        raise ValueError(f"{what} was checkpointed with --comp-seed {saved}, this run has "
+                         f"{seed}: resume with --comp-seed {saved} (or start a new run)")
+
+
+def _key(shape) -> str:
+    return "x".join(str(int(s)) for s in shape)
