@@ -156,20 +156,50 @@ def load_grad_scaler_state(optimizer, sd) -> None:
 
 # ---------------------------------------------------------------- rng
 
+def _here() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def rng_state() -> dict:
+    """Every generator this rank draws from. "tracker" holds megatron-core's tensor-parallel
+    RNG tracker states: CUDA Philox states on GPUs, CPU Mersenne Twister states on the CPU
+    (cpu_shim), hence "tracker_device"."""
     return {"random": random.getstate(), "numpy": np.random.get_state(),
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-            "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+            "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+            "tracker_device": _here()}
 
 
-def set_rng_state(s: dict) -> None:
+def _tracker_device(s: dict) -> str:
+    """The device whose generator the tracker states are. Checkpoints written before the tag
+    existed tell it by size: a CPU generator state (5056 bytes) or a CUDA one (16)."""
+    if "tracker_device" in s:
+        return s["tracker_device"]
+    cpu_bytes = torch.get_rng_state().numel()
+    sizes = {t.numel() for t in s["tracker"].values()}
+    return "cpu" if sizes <= {cpu_bytes} else "cuda"
+
+
+def set_rng_state(s: dict) -> list:
+    """Restore what applies on this device; return what does not (a GPU checkpoint resumed on
+    the CPU, or the reverse): those generators keep their --seed initialisation."""
     random.setstate(s["random"])
     np.random.set_state(s["numpy"])
     torch.set_rng_state(s["torch"])
-    if s["cuda"] is not None and torch.cuda.is_available():
+    here, skipped = _here(), []
+    if here == "cuda" and s["cuda"] is not None:
         torch.cuda.set_rng_state(s["cuda"])
-    tensor_parallel.get_cuda_rng_tracker().set_states(s["tracker"])
+    elif here == "cuda" or s["cuda"] is not None:
+        skipped.append("the CUDA generator (" + ("absent from a CPU checkpoint" if here == "cuda"
+                                                  else "no CUDA here") + ")")
+    saved = _tracker_device(s)
+    if saved == here or not s["tracker"]:
+        tensor_parallel.get_cuda_rng_tracker().set_states(s["tracker"])
+    else:
+        skipped.append(f"the tensor-parallel RNG tracker ({saved} generator states, "
+                       f"running on {here})")
+    return skipped
 
 
 # ---------------------------------------------------------------- manager
@@ -360,7 +390,11 @@ class CheckpointManager:
         if os.path.isfile(mine):
             rs = safe_load(mine, c.trust_checkpoint)
             if not c.no_load_rng:
-                set_rng_state(rs["rng"])
+                skipped = set_rng_state(rs["rng"])
+                if skipped:   # one line: every rank skips the same generators
+                    _print_rank(0, f"WARNING: --load {root}: RNG state not restored for "
+                                   f"{'; '.join(skipped)}: kept as --seed initialised them, so "
+                                   f"dropout draws differ from an uninterrupted run")
             for name, comp in self.components.items():
                 if name in rs["components"]:
                     comp.load_state_dict(rs["components"][name])
