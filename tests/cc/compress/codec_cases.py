@@ -16,6 +16,8 @@ CASES = [
     ("fixpoint1-channel", "fixpoint", dict(bits=1)),
     ("lowrank4-lep", "lowrank", dict(rank=4, error_feedback=True)),
     ("lowrank-fullrank", "lowrank", dict(rank=512)),
+    ("rsvd4-lep", "rsvd", dict(rank=4, error_feedback=True, power_iters=2)),
+    ("rsvd-fullrank", "rsvd", dict(rank=512)),
     ("delta4", "delta", dict(bits=4, capacity=16)),
     ("delta-lowbits4-8", "delta-lowbits", dict(bits=4, bits_act=8, capacity=16)),
     ("tah", "tah", dict(tile_size=16)),
