@@ -217,8 +217,20 @@ class CompressionConfig:
                "mean gradient instead of a ~sqrt(dp) smaller step (megatron/cc/grad_sync/"
                "replica_adam.py).")
     ssp_bound: int = flag(
-        10, "preduce: every ssp-bound x dp updates a round waits until the groups connect "
-            "every replica (1: every round is a full average, i.e. all-reduce).")
+        10, "preduce: every ssp-bound-th round of a replica (dp x ssp-bound updates of the "
+            "stage), and the last, averages all replicas of the stage (1: every round, i.e. "
+            "all-reduce).")
+    preduce_scope: str = flag(
+        "stage", "preduce: stage (SD-PIPE): the replicas of each pipeline stage form groups on "
+                 "a scheduler of their own, independently of the other stages (the first "
+                 "stage follows the last one when the word embedding is tied, so its two "
+                 "copies stay equal); replica: stage 0 decides for its whole pipeline replica.",
+        choices=["stage", "replica"])
+    preduce_groups: str = flag(
+        "auto", "preduce: what a window of ready replicas averages as. window: all of them "
+                "together; pairwise: pairs in dp-rank order (an odd last one stays alone); "
+                "auto: pairwise above 8 replicas per stage, as SD-PIPE.",
+        choices=["auto", "window", "pairwise"])
     hetero: float = flag(
         0.0, "preduce/adpsgd/any mode: each replica sleeps a random share (up to this fraction, "
              "in [0, 1)) of its compute time per iteration, to emulate a heterogeneous cluster.")
@@ -287,7 +299,7 @@ class CompressionConfig:
                                    "cocktail_warmup_steps", "cocktail_no_overlap"),
                   "diloco": ("diloco_inner_steps", "diloco_outer_lr", "diloco_outer_momentum",
                              "diloco_compression", "diloco_fragments", "diloco_sync_delay"),
-                  "preduce": ("ssp_bound",)}
+                  "preduce": ("ssp_bound", "preduce_scope", "preduce_groups")}
         import dataclasses
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         if mode == "diloco" and self.diloco_compression == "cocktail":

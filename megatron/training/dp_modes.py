@@ -14,6 +14,7 @@ from megatron.cc.grad_sync.flat_codecs import make_flat_codec
 from megatron.cc.grad_sync.groups import clone_groups
 from megatron.cc.grad_sync.hetero import HeteroDelay
 from megatron.cc.grad_sync.preduce import ADPSGDSync, PartialReduceSync
+from megatron.cc.grad_sync.preduce_sched import schedule_of
 from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
 
 
@@ -61,10 +62,13 @@ def build_dp_mode_sync(args, model, stats) -> GradSync:
                         c.diloco_outer_momentum, exchange, c.diloco_fragments,
                         c.diloco_sync_delay, reduce_group=group)
     elif mode == "preduce":
-        decider = ps.get_pipeline_model_parallel_rank() == 0 and \
-            ps.get_tensor_model_parallel_rank() == 0
+        stage = ps.get_pipeline_model_parallel_rank()
+        schedule = schedule_of(stage, ps.get_pipeline_model_parallel_world_size(),
+                               c.preduce_scope, not args.model.untie_embeddings_and_output_weights)
+        decider = stage == schedule and ps.get_tensor_model_parallel_rank() == 0
+        pairwise = {"auto": None, "window": False, "pairwise": True}[c.preduce_groups]
         dp = PartialReduceSync(dp_group, stats, job_store(), decider, c.ssp_bound,
-                               args.training.train_iters)
+                               args.training.train_iters, schedule=schedule, pairwise=pairwise)
     else:
         dp = ADPSGDSync(dp_group, stats, args.training.seed)
     if c.hetero:

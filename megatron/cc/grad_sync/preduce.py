@@ -2,72 +2,43 @@
 
 Both average *weights* after each replica's local optimizer step, with only some replicas:
 
-preduce   a scheduler on torch.distributed's store forms groups of whoever is ready: the
-          first replica to arrive opens a window of `wait` seconds; everyone arriving before
-          it closes (or all dp replicas, which closes it at once) forms the group, which
-          averages its weights with one all-reduce. `wait` adapts: doubled (up to 10 ms) when
-          fewer than 2 joined, else x0.9 (down to 0.01 ms). Staleness bound: every
-          `ssp_bound`-th round of a replica (dp x ssp_bound updates of the whole group), and
-          the last one, is a connected sync: all replicas average (ssp_bound = 1: every step,
-          which with plain SGD is exactly gradient all-reduce).
+preduce   each stage's replicas ask a scheduler on torch.distributed's store for partners
+          (preduce_sched.py holds the seed's rules): the first to arrive opens a window of its
+          own `wait`; everyone arriving before it closes (or all dp replicas, which closes it at
+          once) is in the window; up to dp 8 the window averages its weights with one
+          all-reduce, above dp 8 its arrivals pair up. Staleness bound: every
+          `ssp_bound`-th round of a replica (dp x ssp_bound updates of the stage), and the
+          last one, is a connected sync: all replicas of the stage average (ssp_bound = 1:
+          every step, which with plain SGD is exactly gradient all-reduce).
 adpsgd    random pairwise averaging: a permutation drawn from (seed, iteration) pairs the
           replicas (one sits out when dp is odd); each pair swaps and averages its weights.
 
-A pipeline replica is one machine: stage 0, tp rank 0 of each replica talks to the scheduler
-and publishes the group under (dp rank, round); every other stage and tp rank of the replica
-reads it, so all stages of a replica average with the same partners and end at the same
-batch, and the tied embedding's two copies stay equal. Groups (global ranks of this stage's
-members) are created on demand, only by their members, over the job's store, and cached.
+Scheduling scope (`schedule`): by default every pipeline stage has a scheduler of its own, as
+in the seed, so the stages of one pipeline replica may average with different partners (the
+first stage follows the last one when the embedding is tied); with scope "replica" stage 0
+decides for all stages. On every schedule, tp rank 0 of the deciding stage asks and publishes
+the group under (schedule, dp rank, round); its other tp ranks and the stages following it
+read it. All stages of a pipeline stop at the same batch: each runs the same iterations (the
+pipeline's messages keep them together) and the last round is a connected sync everywhere.
+Groups (global ranks of this stage's members) are created on demand, only by their members,
+over the job's store, and cached.
 
 Replicas are not in lockstep here (`lockstep = False`): the training loop then logs the
 replica's own loss instead of all-reducing it over the dp group every iteration.
 """
 import time
-from typing import Dict, List, Tuple
+from collections import deque
+from typing import Deque, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from megatron.cc.grad_sync.param_sync import copy_flat_, flatten, param_segments
+from megatron.cc.grad_sync.preduce_sched import (START_WAIT, WindowScheduler, next_wait,
+                                                 pairwise_default, split_window)
 from megatron.cc.stats import ChannelStats
 
-CLOSED = 1 << 40   # added to a window's arrival counter to close it atomically
-
-
-class WindowScheduler:
-    """Groups of whoever arrives within an adaptive window, kept on a (prefix) store."""
-
-    def __init__(self, store, dp: int, start: float = 1e-3, max_wait: float = 10e-3,
-                 min_wait: float = 1e-5):
-        self.store, self.dp = store, dp
-        self.start, self.max_wait, self.min_wait = start, max_wait, min_wait
-
-    def _wait_ns(self) -> int:
-        v = self.store.add("wait_ns", 0)   # 0: never set
-        return v or int(self.start * 1e9)
-
-    def join(self, me: int) -> Tuple[int, List[int]]:
-        """Block until this replica's group is known: (window id, sorted dp ranks)."""
-        s = self.store
-        while True:
-            k = s.add("cur", 0)
-            idx = s.add(f"w{k}/n", 1)
-            if idx < CLOSED:
-                break          # else the window closed under us: cur has moved on, retry
-        s.set(f"w{k}/m{idx}", str(me))
-        if idx == 1:           # the opener keeps the window open, then closes it
-            wait = self._wait_ns()
-            deadline = time.perf_counter_ns() + wait
-            while time.perf_counter_ns() < deadline and s.add(f"w{k}/n", 0) < self.dp:
-                time.sleep(min(50e-6, max(0.0, (deadline - time.perf_counter_ns()) / 1e9)))
-            s.add("cur", 1)
-            size = s.add(f"w{k}/n", CLOSED) - CLOSED
-            new = min(self.max_wait * 1e9, wait * 2) if size < 2 else \
-                max(self.min_wait * 1e9, wait * 0.9)
-            s.add("wait_ns", int(new) - s.add("wait_ns", 0))
-            s.set(f"w{k}/size", str(size))
-        size = int(s.get(f"w{k}/size"))
-        return k, sorted(int(s.get(f"w{k}/m{i}")) for i in range(1, size + 1))
+__all__ = ["PartialReduceSync", "ADPSGDSync", "WindowScheduler"]
 
 
 class _GroupCache:
@@ -114,32 +85,49 @@ class PartialReduceSync:
 
     Args:
         dp_group: this stage's dp group. store: a store shared by the job (prefixed per job).
-        decider: this rank talks to the scheduler for its replica (stage 0, tp rank 0).
+        decider: this rank asks the scheduler for its schedule (tp rank 0 of the deciding
+            stage); the others read its decision.
         ssp_bound: rounds between connected syncs. total_iters: the last round is connected.
+        schedule: which scheduler this stage follows (preduce_sched.schedule_of: the stage
+            itself, the last stage for a tied first stage, or 0 for every stage).
+        pairwise: window arrivals pair up (True), average together (False), or the seed's
+            rule (None: pairwise above dp 8).
     """
     lockstep = False
 
     def __init__(self, dp_group, stats: ChannelStats, store, decider: bool, ssp_bound: int = 10,
-                 total_iters: int = 0):
+                 total_iters: int = 0, schedule: int = 0, pairwise: Optional[bool] = None):
         self.stats, self.store, self.decider = stats, store, decider
         self.dp_rank, self.dp = dist.get_rank(dp_group), dist.get_world_size(dp_group)
         self.groups = _GroupCache(dp_group, store)
-        self.scheduler = WindowScheduler(store, self.dp)
+        self.schedule = schedule
+        self.scheduler = WindowScheduler(dist.PrefixStore(f"sched{schedule}/", store), self.dp)
+        self.pairwise = pairwise_default(self.dp) if pairwise is None else pairwise
+        self.wait = START_WAIT             # this replica's window, if it opens one
         self.ssp_bound, self.total_iters = ssp_bound, total_iters
-        self.group_sizes: List[int] = []   # for tests and logs
+        # the latest rounds' (window id or -1, group), for tests and inspection
+        self.rounds: Deque[Tuple[int, List[int]]] = deque(maxlen=4096)
 
     def __call__(self, model, iteration: int) -> None:
         pass   # local gradients: nothing crosses the dp group before the optimizer step
 
-    def members(self, iteration: int) -> List[int]:
-        if (iteration + 1) % self.ssp_bound == 0 or iteration + 1 == self.total_iters:
-            return list(range(self.dp))   # connected sync: everyone
-        key = f"dec/{self.dp_rank}/{iteration}"
+    def connected(self, iteration: int) -> bool:
+        """The staleness bound: every ssp_bound-th round, and the last, averages everyone."""
+        return (iteration + 1) % self.ssp_bound == 0 or iteration + 1 == self.total_iters
+
+    def members(self, iteration: int) -> Tuple[int, List[int]]:
+        """(window id, this replica's group as sorted dp ranks); window -1: connected sync."""
+        if self.connected(iteration):
+            return -1, list(range(self.dp))
+        key = f"dec/{self.schedule}/{self.dp_rank}/{iteration}"
         if self.decider:
-            _, members = self.scheduler.join(self.dp_rank)
-            self.store.set(key, ",".join(map(str, members)))
-            return members
-        return [int(m) for m in self.store.get(key).decode().split(",")]
+            k, arrived = self.scheduler.join(self.dp_rank, self.wait)
+            group = split_window(arrived, self.dp_rank, self.pairwise)
+            self.wait = next_wait(self.wait, len(group))
+            self.store.set(key, f"{k}:" + ",".join(map(str, group)))
+            return k, group
+        k, group = self.store.get(key).decode().split(":")
+        return int(k), [int(m) for m in group.split(",")]
 
     def after_optimizer_step(self, model, iteration: int) -> None:
         t0 = time.perf_counter()
@@ -147,8 +135,9 @@ class PartialReduceSync:
         self.stats.observe("dp wait ms", (time.perf_counter() - t0) * 1000)
 
     def _sync(self, model, iteration: int) -> None:
-        members = self.members(iteration)
-        self.group_sizes.append(len(members))
+        window, members = self.members(iteration)
+        self.rounds.append((window, members))
+        self.stats.observe("dp group", len(members))   # the seed's mean partner count
         params = [p for ps_ in param_segments(model).values() for p in ps_]
         raw = sum(p.numel() for p in params) * 4
         sent = 0
