@@ -8,6 +8,9 @@ enabled" (so does the causal mask of the unfused softmax). `apply()` redirects e
 is present, so GPU runs use stock megatron-core untouched. Nothing else in this repository
 branches on the device for megatron-core's sake.
 
+One patch applies on GPUs too (batch_grad_norm): without Transformer Engine or apex,
+megatron-core's grad-norm fallback reads every parameter's norm to the host.
+
 `tests/training/test_cpu_shim.py` fails if a megatron-core upgrade changes what is patched here.
 """
 import functools
@@ -45,6 +48,7 @@ PATCHED = [
     ("megatron.core.fusions.fused_softmax", "get_default_causal_mask"),
     ("megatron.core.optimizer.clip_grads", "clip_grad_by_total_norm_fp32"),
     ("megatron.core.optimizer.optimizer", "clip_grad_by_total_norm_fp32"),
+    ("megatron.core.optimizer.clip_grads", "l2_norm_impl"),
 ]
 
 
@@ -103,6 +107,29 @@ def _clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decouple
         torch._foreach_mul_(grads, clip_coeff)
 
 
+def batched_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+    """megatron.core.utils.local_multi_tensor_l2_norm without its host reads.
+
+    That fallback builds `torch.tensor([per-tensor norms])`: one device-to-host read per
+    parameter per step on a GPU (it is what megatron-core's clip_grad_norm, i.e. our
+    optimizer.step() with --clip-grad > 0, calls when neither Transformer Engine nor apex is
+    installed). Here the norms stay on the device; the result is the same float32 value
+    (bit-identical on the CPU, tests/training/test_grad_norm_sync.py).
+    """
+    tensors = [t for tensor_list in tensor_lists for t in tensor_list]
+    norms = torch._foreach_norm(tensors)   # one per tensor, on their device
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms])).reshape(1), None
+
+
+def batch_grad_norm() -> None:
+    """Swap megatron-core's grad-norm fallback for batched_l2_norm (CPU and GPU alike); a
+    Transformer Engine or apex kernel, when megatron-core found one, stays."""
+    from megatron.core import utils
+    from megatron.core.optimizer import clip_grads
+    if clip_grads.l2_norm_impl is utils.local_multi_tensor_l2_norm:
+        clip_grads.l2_norm_impl = batched_l2_norm
+
+
 class _ExpectedOnCpu(logging.Filter):
     """The tracker warns when the CPU generator moves inside fork(); on CPU that is the point."""
 
@@ -111,9 +138,14 @@ class _ExpectedOnCpu(logging.Filter):
 
 
 def apply() -> None:
-    """Patch the CUDA-only calls megatron-core makes, if (and only if) CUDA is absent."""
+    """Patch the CUDA-only calls megatron-core makes, if (and only if) CUDA is absent (and the
+    grad-norm fallback everywhere)."""
     global _applied
-    if _applied or not needed():
+    if _applied:
+        return
+    batch_grad_norm()
+    if not needed():
+        _applied = True
         return
     from megatron.core.fusions import fused_softmax
     from megatron.core.tensor_parallel import random as tp_random

@@ -50,6 +50,14 @@ def print_rank_0(msg: str) -> None:
         print(msg, flush=True)
 
 
+def prefetch_receives(transport) -> bool:
+    """May --overlap-p2p-comm post receives ahead? Not on NCCL (schedule_overlap.py: out of
+    order on one stream it can deadlock). Asked of the pipeline transport's own group, which
+    --pp-backend may put on another backend than the job's default."""
+    group = None if transport is None else transport.group
+    return dist.get_backend(group) != "nccl"
+
+
 class StageStep:
     """Forward/backward of this pipeline stage for one micro-batch (see megatron.cc.schedule)."""
 
@@ -218,12 +226,12 @@ class Trainer:
         """
         from megatron.core import tensor_parallel
         logits = logits.float()
-        if self.padded_vocab_size > self.tokenizer.vocab_size:
-            width = logits.size(-1)
-            start = ps.get_tensor_model_parallel_rank() * width
-            padded = torch.arange(start, start + width) >= self.tokenizer.vocab_size
-            if padded.any():
-                logits = logits.masked_fill(padded.to(logits.device), float("-inf"))
+        width = logits.size(-1)
+        real = self.tokenizer.vocab_size - ps.get_tensor_model_parallel_rank() * width
+        if real < width:   # this slice holds padding rows: decided on the host, from sizes
+            # the mask is made on the logits' device: no host tensor copied up per micro-batch
+            padded = torch.arange(width, device=logits.device) >= real
+            logits = logits.masked_fill(padded, float("-inf"))
         return tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
 
     # ---------------------------------------------------------------- one iteration
@@ -238,7 +246,7 @@ class Trainer:
             forward_backward_1f1b_overlap(step, self.channels, M,
                                           self.iteration, ps.get_pipeline_model_parallel_rank(),
                                           self.args.pp, forward_only,
-                                          prefetch=dist.get_backend() != "nccl")
+                                          prefetch=prefetch_receives(self.channels.transport))
         else:
             forward_backward_1f1b(step, self.channels, M,
                                   self.iteration, ps.get_pipeline_model_parallel_rank(),

@@ -1,0 +1,113 @@
+"""Device-side details of the training loop, checked on the CPU.
+
+- --overlap-p2p-comm posts receives ahead only when the *pipeline transport's* backend allows
+  it (not NCCL), whatever the job's default backend is (--pp-backend nccl in a gloo job);
+- the padded-vocabulary mask of lm_loss is made on the logits' device (no host tensor copied up
+  per micro-batch, no host read), checked under FakeTensorMode with CUDA logits;
+- micro-batches go up pinned and non-blocking on CUDA, and stay untouched on the CPU.
+"""
+import types
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from megatron.training import device as device_mod
+from megatron.training import training
+
+NCCL_GROUP, GLOO_GROUP = object(), object()
+
+
+def _fake_trainer(transport_group):
+    args = types.SimpleNamespace(pp=2, compat=types.SimpleNamespace(pp_mode="1f1b"),
+                                 parallel=types.SimpleNamespace(overlap_p2p_comm=True))
+    return types.SimpleNamespace(
+        args=args, iteration=0, batches=types.SimpleNamespace(num_microbatches=4),
+        channels=types.SimpleNamespace(transport=types.SimpleNamespace(group=transport_group)))
+
+
+@pytest.mark.parametrize("default,transport,prefetch", [
+    ("gloo", NCCL_GROUP, False),   # --pp-backend nccl in a gloo job: the deadlock case
+    ("nccl", GLOO_GROUP, True),    # --pp-backend gloo in an NCCL job: staging, may prefetch
+    ("gloo", None, True),
+    ("nccl", None, False),
+])
+def test_prefetch_follows_the_pipeline_transport_backend(monkeypatch, default, transport,
+                                                         prefetch):
+    backends = {None: default, NCCL_GROUP: "nccl", GLOO_GROUP: "gloo"}
+    monkeypatch.setattr(training.dist, "get_backend", lambda group=None: backends[group])
+    monkeypatch.setattr(training.ps, "get_pipeline_model_parallel_rank", lambda: 0)
+    seen = {}
+    monkeypatch.setattr(training, "forward_backward_1f1b_overlap",
+                        lambda *a, prefetch, **k: seen.update(prefetch=prefetch))
+    training.Trainer.forward_backward(_fake_trainer(transport), dataset=None, consumed=0)
+    assert seen == {"prefetch": prefetch}
+
+
+class _HostToDevice(TorchDispatchMode):
+    """Ops that take CPU tensors and return a CUDA one: host-to-device copies."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = torch.utils._pytree.tree_leaves((args, kwargs))
+        if isinstance(out, torch.Tensor) and out.device.type == "cuda" and any(
+                isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in inputs):
+            self.copies.append(str(func))
+        return out
+
+
+def _lm_loss(monkeypatch, logits, vocab, padded, tp_rank):
+    from megatron.core import tensor_parallel
+    monkeypatch.setattr(training.ps, "get_tensor_model_parallel_rank", lambda: tp_rank)
+    # the masked logits themselves come back (the cross entropy is megatron-core's)
+    monkeypatch.setattr(tensor_parallel, "vocab_parallel_cross_entropy", lambda l, y: l)
+    me = types.SimpleNamespace(padded_vocab_size=padded,
+                               tokenizer=types.SimpleNamespace(vocab_size=vocab))
+    return training.Trainer.lm_loss(me, logits, None)
+
+
+@pytest.mark.parametrize("tp_rank", [0, 1])
+def test_padded_vocab_mask_values(monkeypatch, tp_rank):
+    width, vocab = 64, 100   # padded 128 over tp=2: rank 0 all real, rank 1 36 real columns
+    logits = torch.randn(2, 3, width)
+    out = _lm_loss(monkeypatch, logits, vocab, 2 * width, tp_rank)
+    real = vocab - tp_rank * width
+    assert torch.equal(out[..., :real], logits[..., :real])
+    assert bool((out[..., real:] == float("-inf")).all())
+
+
+def test_padded_vocab_mask_is_made_on_the_device(monkeypatch):
+    with FakeTensorMode():   # raises on a host read (the old `if padded.any()`)
+        logits = torch.empty(2, 3, 64, device="cuda")
+        with _HostToDevice() as rec:
+            out = _lm_loss(monkeypatch, logits, 100, 128, tp_rank=1)
+    assert out.device.type == "cuda"
+    assert rec.copies == [], f"host-to-device copies per micro-batch: {rec.copies}"
+
+
+class _Tensor:
+    """Records what to_device asks of a batch tensor (no CUDA here to pin for real)."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def pin_memory(self):
+        self.log.append("pin")
+        return self
+
+    def to(self, device, non_blocking=False):
+        self.log.append(("to", str(device), non_blocking))
+        return self
+
+
+def test_micro_batches_go_up_pinned_and_non_blocking():
+    log = []
+    out = device_mod.to_device({"tokens": _Tensor(log)}, torch.device("cuda", 0))
+    assert log == ["pin", ("to", "cuda:0", True)] and set(out) == {"tokens"}
+    batch = {"tokens": torch.zeros(2, 3)}
+    assert device_mod.to_device(batch, torch.device("cpu")) is batch   # CPU: no copy at all
