@@ -127,6 +127,8 @@ def test_resume_bit_exact_with_each_dp_mode(tiny_corpus, tmp_path):
     ({"diloco-inner-steps": 5}, 2, "--diloco-inner-steps configures --dp-mode diloco"),
     ({"dp-mode": "preduce", "cocktail-topk-ratio": 0.5}, 2, "--cocktail-topk-ratio"),
     ({"dp-mode": "preduce", "dp-backend": "gloo"}, 2, "--dp-backend"),
+    ({"preduce-scope": "replica"}, 2, "--preduce-scope configures --dp-mode preduce"),
+    ({"dp-mode": "adpsgd", "preduce-groups": "pairwise"}, 2, "--preduce-groups configures"),
     ({"dp-adam-correction": True}, 2, "--dp-adam-correction corrects the local Adam"),
     ({"dp-mode": "diloco", "dp-adam-correction": True, "optimizer": "sgd"}, 2,
      "--dp-adam-correction corrects Adam"),
@@ -208,3 +210,54 @@ def test_dp_adam_correction_swaps_the_local_adam(tiny_corpus):
     assert set(our_kinds) == {("ReplicaAdamW", 2)}
     assert plain[0] == ours[0]          # same first forward, different steps after it
     assert plain[1:] != ours[1:]
+
+
+def _preduce_worker(rank, world, corpus):
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.cc.grad_sync.sync import shared_embedding_weight
+
+    def schedule(trainer):
+        dp = trainer.grad_sync.dp
+        dp = getattr(dp, "dp", dp)   # under --hetero, HeteroDelay wraps it
+        w = shared_embedding_weight(trainer.model)
+        flat = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+        return (ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank(), dp.schedule,
+                dp.decider, dp.pairwise, list(dp.rounds),
+                None if w is None else w.detach().numpy().copy(), flat.numpy())
+    # partial rounds (ssp bound beyond the run) between replicas made unequal by --hetero
+    common = {"pipeline-model-parallel-size": 2, "train-iters": 5, "dp-mode": "preduce",
+              "ssp-bound": 100, "hetero": 0.5}
+    return {name: runner._run(tiny_gpt_argv(corpus, **common, **flags), world, schedule)[1]
+            for name, flags in PREDUCE_RUNS.items()}
+
+
+PREDUCE_RUNS = {
+    "tied": {},                                                    # the default: per stage
+    "untied": {"untie-embeddings-and-output-weights": True, "preduce-groups": "pairwise"},
+    "replica": {"preduce-scope": "replica"},
+}
+
+
+def test_preduce_schedules_per_stage_in_the_trainer(tiny_corpus):
+    """pp 2 x dp 2: per stage, the tied embedding's stages share the last stage's schedule and
+    its two copies stay bit-identical; untied, each stage schedules itself; replica scope:
+    stage 0 decides. Every stage ends on a connected round (all replicas equal)."""
+    import numpy as np
+    everyone = run_distributed(_preduce_worker, 4, (tiny_corpus,), timeout=600)
+    expect = {"tied": ({0: 1, 1: 1}, {1}), "untied": ({0: 0, 1: 1}, {0, 1}),
+              "replica": ({0: 0, 1: 0}, {0})}
+    for name, (schedules, deciders) in expect.items():
+        rows = {(r[name][0], r[name][1]): r[name] for r in everyone}   # (stage, dp rank)
+        for (stage, d), (_, _, sched, decider, pairwise, rounds, emb, flat) in rows.items():
+            assert sched == schedules[stage] and decider == (stage in deciders), (name, stage)
+            assert pairwise == (name == "untied")
+            assert len(rounds) == 5 and rounds[-1] == (-1, [0, 1])
+            assert all(w >= 0 for w, _ in rounds[:-1])            # partial rounds before it
+            np.testing.assert_array_equal(flat, rows[(stage, 1 - d)][7])   # ended equal
+        if name != "untied":   # one schedule for both stages: the same partners every round
+            for d in range(2):
+                assert rows[(0, d)][5] == rows[(1, d)][5], name
+        if name == "tied":
+            for d in range(2):
+                np.testing.assert_array_equal(rows[(0, d)][6], rows[(1, d)][6])
