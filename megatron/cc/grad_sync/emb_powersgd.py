@@ -95,9 +95,9 @@ class EmbPowerSGDSync:
         """M (n x m, this member's) <- the rank-r estimate of the group's sum; returns bytes."""
         rec = record(self.speed, "emb", "comp", M)
         with rec:
+            Q_prev = self._warm_q(M)   # first use: also restores a checkpointed error
             if self.error_feedback and self.error is not None:
                 M.add_(self.error)
-            Q_prev = self._warm_q(M)
             Q = orthonormalize_(Q_prev.clone(), self.eps)
             P = M @ Q
         dist.all_reduce(P, group=self.group)
