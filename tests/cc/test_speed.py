@@ -1,0 +1,56 @@
+"""--check-comp-speed's meter (megatron/cc/speed.py) on the CPU (CUDA: tests/gpu/test_speed_cuda.py).
+
+- A timed codec returns exactly what the codec returns, keeps its state and attributes, and
+  adds one "comp" and one "decomp" observation per message, in GB/s of uncompressed bytes;
+- a record with several spans counts only their sum (the collectives between them excluded);
+- the log line prints the mean speed per channel; with the flag off nothing is recorded.
+"""
+import time
+
+import torch
+
+from megatron.cc.compress import CodecContext, get_codec
+from megatron.cc.speed import CompSpeed, TimedCodec, record
+from megatron.cc.stats import ChannelStats
+
+
+def test_timed_codec_is_the_codec_plus_two_observations():
+    stats = ChannelStats()
+    plain = get_codec("lowrank", rank=2, error_feedback=True, seed=3)
+    timed = TimedCodec(get_codec("lowrank", rank=2, error_feedback=True, seed=3),
+                       CompSpeed(stats), "pp-bwd")
+    for t in range(3):
+        x = torch.randn(8, 2, 16, generator=torch.Generator().manual_seed(t))
+        ctx = CodecContext(iteration=t)
+        a, b = plain.encode(x, ctx), timed.encode(x, ctx)
+        assert all(torch.equal(p, q) for p, q in zip(a, b))
+        assert torch.equal(plain.decode(a, x.shape, x.dtype, ctx),
+                           timed.decode(b, x.shape, x.dtype, ctx))
+    assert torch.equal(plain.error(x.shape), timed.error(x.shape))     # attributes delegate
+    assert timed.state_dict().keys() == plain.state_dict().keys()
+    assert not hasattr(timed, "observe")                                 # as the codec
+    snap = stats.snapshot()
+    assert snap["pp-bwd comp GB/s"]["count"] == 3 and snap["pp-bwd decomp GB/s"]["count"] == 3
+    assert snap["pp-bwd comp GB/s"]["sum"] > 0
+    assert "pp-bwd comp GB/s: " in ChannelStats.format(snap, 1)
+
+
+def test_a_record_counts_its_spans_only():
+    stats = ChannelStats()
+    rec = CompSpeed(stats).record("dp", "comp", torch.empty(0), nbytes=10**6)
+    with rec:
+        time.sleep(0.02)
+    time.sleep(0.2)          # a collective between two spans: not codec time
+    with rec:
+        time.sleep(0.02)
+    rec.done()
+    total, count = stats.diagnostics["dp comp GB/s"]
+    seconds = 1e6 / (total * 1e9)
+    assert count == 1 and 0.04 <= seconds < 0.2, seconds
+
+
+def test_flag_off_records_nothing():
+    rec = record(None, "emb", "comp", torch.ones(3))
+    with rec:
+        pass
+    rec.done()   # no stats anywhere to touch: a no-op
