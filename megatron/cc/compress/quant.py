@@ -216,16 +216,23 @@ def group_scales(x: torch.Tensor, bits: int, granularity: str, group_size: int =
     if scheme == "absmax" or (scheme == "seed" and bits > 1):
         return store_scale(group_absmax(x, granularity, group_size), scale_dtype)
     xg, red = _to_groups(x.float(), granularity, group_size)
+    valid = None  # zero padding of the last bucket / tile must not steer the scale
+    count = xg.shape[red]
+    if xg.numel() != x.numel():
+        valid = _to_groups(torch.ones_like(x, dtype=torch.float32), granularity, group_size)[0]
+        count = valid.sum(dim=red).clamp_min_(1)
     if scheme == "seed":  # 1 bit: sign x RMS
-        return store_scale(xg.square().mean(dim=red).sqrt().reshape(-1), scale_dtype)
+        return store_scale((xg.square().sum(dim=red) / count).sqrt().reshape(-1), scale_dtype)
     if bits == 1:         # sign x mean|x|: the least-squares optimum of a sign quantiser
-        return store_scale(xg.abs().mean(dim=red).reshape(-1), scale_dtype)
-    return _fit_scales(xg, red, bits, scale_dtype)
+        return store_scale((xg.abs().sum(dim=red) / count).reshape(-1), scale_dtype)
+    return _fit_scales(xg, red, bits, scale_dtype, valid)
 
 
-def _fit_scales(xg: torch.Tensor, red: int, bits: int, scale_dtype) -> torch.Tensor:
-    """Per-group S minimising sum (x - x_hat)^2 on the mid-rise grid (see module docstring).
-    Candidates are compared with a select, never a host read."""
+def _fit_scales(xg: torch.Tensor, red: int, bits: int, scale_dtype,
+                valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-group S minimising sum (x - x_hat)^2 on the mid-rise grid (see module docstring),
+    over the entries where `valid` is 1. Candidates are compared with a select, never a host
+    read."""
     c0, lps = grid(bits, "fitted")
     qmax = (1 << bits) - 1
     amax = torch.maximum(xg.amin(dim=red, keepdim=True).neg(), xg.amax(dim=red, keepdim=True))
@@ -234,6 +241,8 @@ def _fit_scales(xg: torch.Tensor, red: int, bits: int, scale_dtype) -> torch.Ten
         step = s_stored.float() / lps
         step = torch.where(step > 0, step, torch.ones_like(step))
         k = (xg / step + c0).round_().clamp_(0, qmax).sub_(c0)   # signed level index
+        if valid is not None:
+            k.mul_(valid)  # padding: level index 0, so it adds nothing to the fit
         return (xg - k * step).square_().sum(dim=red, keepdim=True), k
 
     best_s = store_scale(amax, scale_dtype)
