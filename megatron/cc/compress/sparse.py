@@ -7,8 +7,9 @@ For a tensor of `numel` values at step `step` (stride = round(1 / random_ratio))
    then a pad that is never selected unless k exceeds the real entries (and is dropped then).
 2. Top-k by magnitude inside the subset, k = min(n_rand, max(1, round(topk_ratio * n_rand))),
    sent as an n_rand-bit mask over the subset.
-3. The k kept values, in subset order, quantised symmetric fixpoint to `bits` bits with one
-   16-bit scale per bucket of `bucket_size` (128) values, optional stochastic rounding.
+3. The k kept values, in subset order, quantised to `bits` bits (quant.py's `scheme`: every
+   code used, a least-squares scale by default; 1 bit = sign x mean|v|) with one 16-bit
+   scale per bucket of `bucket_size` (128) values, optional stochastic rounding.
 
 Payload (fixed by numel alone):
     [mask uint8 (ceil(n_rand/8),), codes uint8 (ceil(k*bits/8),), scales fp16 (ceil(k/bucket),)]
@@ -43,6 +44,7 @@ class CocktailCodec(Codec):
         stochastic: stochastic rounding of the values (generator state in state_dict).
         seed: offsets the rolling mask (must be equal on all replicas) and seeds the rounding.
         scale_dtype: "float16" or "bfloat16".
+        scheme: value quantiser, "fitted" (default), "absmax" or "seed" (quant.py).
     As a Codec, encode/decode use ctx.iteration as the step.
     """
 
@@ -50,7 +52,7 @@ class CocktailCodec(Codec):
 
     def __init__(self, random_ratio: float = 0.1, topk_ratio: float = 0.2, bits: int = 4,
                  bucket_size: int = 128, stochastic: bool = False, seed: int = 0,
-                 scale_dtype="float16"):
+                 scale_dtype="float16", scheme: str = "fitted"):
         if not 0 < random_ratio <= 1 or not 0 < topk_ratio <= 1:
             raise ValueError(f"random_ratio and topk_ratio must be in (0, 1], got "
                              f"{random_ratio}, {topk_ratio}")
@@ -58,6 +60,7 @@ class CocktailCodec(Codec):
             raise ValueError(f"bits must be in 1..8 and bucket_size >= 1, got {bits}, {bucket_size}")
         self.stride = max(1, round(1.0 / random_ratio))
         self.topk_ratio, self.bits, self.bucket_size, self.seed = topk_ratio, bits, bucket_size, seed
+        self.scheme = scheme
         self.scale_dtype = parse_dtype(scale_dtype)
         self.rng = DeviceGenerator(seed) if stochastic else None
 
@@ -95,7 +98,7 @@ class CocktailCodec(Codec):
         gen = None if self.rng is None else self.rng.get(flat.device)
         if k == n_rand:   # everything sampled is kept (a pad, if any, carries 0): no mask
             codes, scales = quantize(vals, self.bits, "bucket", self.bucket_size,
-                                     self.scale_dtype, gen)
+                                     self.scale_dtype, gen, self.scheme)
             return [torch.empty(0, dtype=torch.uint8, device=flat.device),
                     pack_bits(codes, self.bits), scales]
         mag = torch.where(valid, vals.abs(), -1.0)  # pads lose against every real entry
@@ -103,7 +106,7 @@ class CocktailCodec(Codec):
         mask = torch.zeros(n_rand, dtype=torch.uint8, device=flat.device)
         mask[keep] = 1
         codes, scales = quantize(vals[keep], self.bits, "bucket", self.bucket_size,
-                                 self.scale_dtype, gen)
+                                 self.scale_dtype, gen, self.scheme)
         return [pack_bits(mask, 1), pack_bits(codes, self.bits), scales]
 
     def decompress(self, payload: list[torch.Tensor], numel: int, step: int,
@@ -113,7 +116,8 @@ class CocktailCodec(Codec):
         n_rand, k = self.sizes(numel)
         device = payload[0].device
         codes = unpack_bits(payload[1], self.bits, k)
-        vals = dequantize(codes, payload[2], self.bits, (k,), "bucket", self.bucket_size)
+        vals = dequantize(codes, payload[2], self.bits, (k,), "bucket", self.bucket_size,
+                          scheme=self.scheme)
         idx = self.random_indices(numel, step, device)
         if k < n_rand:
             mask = unpack_bits(payload[0], 1, n_rand)

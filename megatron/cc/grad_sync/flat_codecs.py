@@ -41,12 +41,14 @@ class CastCodec:
 
 
 class BucketFixpointCodec:
-    """b-bit symmetric fixpoint, one fp16 scale per bucket of `bucket_size` values, bit-packed."""
+    """b-bit fixpoint (quant.py's `scheme`), one fp16 scale per bucket of `bucket_size` values,
+    bit-packed."""
 
-    def __init__(self, bits: int, bucket_size: int = 128, stochastic: bool = False, seed: int = 0):
+    def __init__(self, bits: int, bucket_size: int = 128, stochastic: bool = False, seed: int = 0,
+                 scheme: str = "fitted"):
         if not 1 <= bits <= 8:
             raise ValueError(f"fixpoint bits must be in 1..8, got {bits}")
-        self.bits, self.bucket_size = bits, bucket_size
+        self.bits, self.bucket_size, self.scheme = bits, bucket_size, scheme
         self.rng = DeviceGenerator(seed) if stochastic else None
 
     def flat_spec(self, numel: int):
@@ -56,12 +58,13 @@ class BucketFixpointCodec:
     def compress(self, x: torch.Tensor, step: int):
         gen = None if self.rng is None else self.rng.get(x.device)
         codes, scales = quantize(x.reshape(-1), self.bits, "bucket", self.bucket_size,
-                                 torch.float16, gen)
+                                 torch.float16, gen, self.scheme)
         return [pack_bits(codes, self.bits), scales]
 
     def decompress(self, payload, numel: int, step: int) -> torch.Tensor:
         codes = unpack_bits(payload[0], self.bits, numel)
-        return dequantize(codes, payload[1], self.bits, (numel,), "bucket", self.bucket_size)
+        return dequantize(codes, payload[1], self.bits, (numel,), "bucket", self.bucket_size,
+                          scheme=self.scheme)
 
     def state_dict(self) -> dict:
         return {} if self.rng is None else self.rng.state_dict()
@@ -87,16 +90,18 @@ def parse_fixpoint_bits(name: str):
 
 
 def make_flat_codec(name: str, *, seed: int = 0, stochastic: bool = False, bits: int = 4,
-                    random_ratio: float = 0.1, topk_ratio: float = 0.2, bucket_size: int = 128):
+                    random_ratio: float = 0.1, topk_ratio: float = 0.2, bucket_size: int = 128,
+                    scheme: str = "fitted"):
     """A flat codec by name; `bits`/ratios configure cocktail, fixpoint-b carries its bits."""
     if name == "none":
         return CastCodec(torch.float32)
     if name == "fp16":
         return CastCodec(torch.float16)
     if name == "cocktail":
-        return CocktailCodec(random_ratio, topk_ratio, bits, bucket_size, stochastic, seed)
+        return CocktailCodec(random_ratio, topk_ratio, bits, bucket_size, stochastic, seed,
+                             scheme=scheme)
     b = parse_fixpoint_bits(name)
     if b is None or not 1 <= b <= 8:
         raise ValueError(f"unknown dp codec {name!r}; expected one of none, fp16, int8, "
                          f"fixpoint-<bits 1..8>, cocktail")
-    return BucketFixpointCodec(b, bucket_size, stochastic, seed)
+    return BucketFixpointCodec(b, bucket_size, stochastic, seed, scheme)
