@@ -3,6 +3,8 @@
     sync.py             ExactDataParallelSync (megatron DDP's all-reduce), EmbeddingSync, GradSync
     powersgd.py         PowerSGDDataParallelSync: Optimus-CC SC (PowerSGD + error feedback)
     fused_embedding.py  FusedEmbeddingSync: Optimus-CC FE (one all-reduce per TP rank)
+    randomized_svd.py   RandomizedSVDDataParallelSync: --grad-comp-type RandomizedSVD
+    emb_powersgd.py     EmbPowerSGDSync: --emb-grad-comp, PowerSGD on the emb channel
   parameter-syncing dp modes (--dp-mode), acting after the optimizer step:
     cocktail.py         CocktailSGDSync: compressed parameter deltas, sharded, one step stale
     diloco.py           DiLoCoSync: H inner steps, outer Nesterov step, streaming fragments
