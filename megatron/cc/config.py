@@ -46,6 +46,11 @@ class CompressionConfig:
         "ram", "delta*: 'ram' (host memory; pinned, with asynchronous copies, when training "
                "on GPUs), 'device' (GPU memory), or 'disk:DIR' for memory-mapped files in the "
                "existing directory DIR (one per cache, deleted at exit).")
+    activation_cache_dtype: str = flag(
+        "fp32", "delta: element type of the activation cache. fp16 (AC-SGD's) or bf16 halve "
+                "its memory; fp16 saturates at +-65504. Both ends round alike, so their caches "
+                "stay identical. (delta-lowbits stores --forward-bits-act bits instead.)",
+        choices=["fp32", "fp16", "bf16"])
     tile_size: int = flag(64, "tah: tile width along the hidden dim (a power of two, 2..256).")
     high_precision_bits: int = flag(4, "tah: bits of the high-entropy tokens (1..8).")
     low_precision_bits: int = flag(3, "tah: bits of the other tokens (1..8).")
@@ -65,6 +70,15 @@ class CompressionConfig:
     stochastic_rounding: bool = flag(
         False, "fixpoint / delta quantisers round stochastically (unbiased) instead of to "
                "nearest; the generators are in the checkpoint.")
+    quant_scheme: str = flag(
+        "fitted", "Grid and scale of every b-bit quantiser (fixpoint / delta activations and "
+                  "gradients, CocktailSGD values, the dp modes' int8 / fixpoint-b): fitted "
+                  "(every one of the 2^b codes, symmetric, each group's scale chosen to minimise "
+                  "its squared error; 1 bit = sign x mean|x|), absmax (the same grid with the "
+                  "scale = max|x|: nothing clipped, |error| <= step/2), or seed (the AC-SGD / "
+                  "CocktailSGD grid: 2^b codes from -2^(b-1) to 2^(b-1)-1 times max|x|/2^(b-1); "
+                  "1 bit = sign x RMS). Stochastic rounding always scales by max|x|.",
+        choices=["fitted", "absmax", "seed"])
     warmup_epochs: float = flag(
         0.0, "Pipeline channels send uncompressed (activation caches fill) for this many "
              "epochs of the training split; converted to whole iterations.")
@@ -411,15 +425,26 @@ class CompressionConfig:
             raise ConfigError("--stochastic-rounding changes the fixpoint / delta quantisers, "
                               f"but --forward-compress-method is {fwd} and "
                               f"--backward-compress-method is {bwd}")
+        if self.quant_scheme != "fitted" and fwd not in ("fixpoint", "delta", "delta-lowbits") \
+                and bwd != "fixpoint" and self.dp_mode_name not in ("cocktail_sgd", "diloco"):
+            raise ConfigError(f"--quant-scheme {self.quant_scheme} changes the fixpoint / delta / "
+                              f"cocktail quantisers, but none is on: --forward-compress-method "
+                              f"is {fwd}, --backward-compress-method {bwd}")
 
     def _validate_cache(self) -> None:
         if not self.activation_cache:
             for name, default in (("max_activation_cache_size", None),
-                                  ("activation_cache_location", "ram")):
+                                  ("activation_cache_location", "ram"),
+                                  ("activation_cache_dtype", "fp32")):
                 if getattr(self, name) != default:
                     raise ConfigError(f"--{name.replace('_', '-')} configures the delta "
                                       f"codecs' activation cache, but --forward-compress-method "
                                       f"is {self.forward_compress_method}")
+        if self.forward_compress_method == "delta-lowbits" and \
+                self.activation_cache_dtype != "fp32":
+            raise ConfigError(f"--activation-cache-dtype {self.activation_cache_dtype} sets the "
+                              f"dense cache of --forward-compress-method delta; delta-lowbits "
+                              f"stores its cache at --forward-bits-act bits")
         n = self.max_activation_cache_size
         if n is not None and n < 1:
             raise ConfigError(f"--max-activation-cache-size must be >= 1, got {n}")

@@ -37,7 +37,8 @@ def build_exchange(args, group, name: str) -> ShardedExchange:
     def codec(s):
         return make_flat_codec(name, seed=s, stochastic=c.stochastic_rounding, bits=c.cocktail_bits,
                                random_ratio=c.cocktail_random_ratio,
-                               topk_ratio=c.cocktail_topk_ratio, bucket_size=c.cocktail_bucket_size)
+                               topk_ratio=c.cocktail_topk_ratio, bucket_size=c.cocktail_bucket_size,
+                               scheme=c.quant_scheme)
     # the rolling mask depends on the seed: equal on every replica, for both phases
     return ShardedExchange(group, codec(seed), codec(seed))
 

@@ -59,7 +59,7 @@ def forward_codec(args, capacity: int, seed: int, ram_limit: Optional[int]):
         return None
     if method == "fixpoint":
         return get_codec("fixpoint", bits=c.forward_bits, granularity="channel",
-                         stochastic=c.stochastic_rounding, seed=seed)
+                         stochastic=c.stochastic_rounding, seed=seed, scheme=c.quant_scheme)
     if method == "tah":
         return get_codec("tah", tile_size=c.tile_size, high_bits=c.high_precision_bits,
                          low_bits=c.low_precision_bits,
@@ -67,9 +67,12 @@ def forward_codec(args, capacity: int, seed: int, ram_limit: Optional[int]):
     kw = dict(bits=c.forward_bits, capacity=capacity,
               sample_shape=(args.model.seq_length, args.model.hidden_size),
               storage=c.activation_cache_location, ram_limit_bytes=ram_limit,
-              stochastic=c.stochastic_rounding, seed=seed, device=_device())
+              stochastic=c.stochastic_rounding, seed=seed, device=_device(),
+              scheme=c.quant_scheme)
     if method == "delta-lowbits":
         kw["bits_act"] = c.forward_bits_act
+    else:
+        kw["cache_dtype"] = c.activation_cache_dtype
     return get_codec(method, **kw)
 
 
@@ -79,7 +82,7 @@ def fixpoint_backward_codec(args, seed: int):
     tiled = c.backward_tile_size is not None
     return get_codec("fixpoint", bits=c.backward_bits, granularity="tile" if tiled else "channel",
                      group_size=c.backward_tile_size or 128, stochastic=c.stochastic_rounding,
-                     seed=seed)
+                     seed=seed, scheme=c.quant_scheme)
 
 
 def _seed(args, sender_rank: int, channel: str) -> int:

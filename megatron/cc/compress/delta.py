@@ -46,6 +46,9 @@ from .base import Codec, parse_dtype, register
 from .quant import FixpointCodec, dequantize, pack_bits, quantize, unpack_bits
 
 
+FP16_MAX = 65504.0   # largest finite float16
+
+
 class CacheTooLarge(ValueError):
     """The activation cache does not fit in the memory or disk space available."""
 
@@ -95,13 +98,15 @@ class ActivationCache:
     """
 
     def __init__(self, capacity: int, sample_shape, dtype=torch.float32, storage: str = "ram",
-                 bits: int | None = None, ram_limit_bytes: int | None = None, device=None):
+                 bits: int | None = None, ram_limit_bytes: int | None = None, device=None,
+                 scheme: str = "fitted"):
         if capacity < 1:
             raise ValueError(f"activation cache capacity must be >= 1, got {capacity}")
         self.capacity, self.sample_shape = capacity, tuple(int(s) for s in sample_shape)
         if len(self.sample_shape) != 2:
             raise ValueError(f"sample_shape must be (seq, hidden), got {sample_shape}")
         self.dtype, self.bits, self.storage = parse_dtype(dtype), bits, storage
+        self.scheme = scheme  # quantiser of a low-bit cache (quant.py)
         self.device = _indexed(device)
         self.slot_bytes = self.bytes_per_sample(self.sample_shape, self.dtype, bits)
         self.path: str | None = None
@@ -226,15 +231,18 @@ class ActivationCache:
         codes = unpack_bits(rows[:, :ncode].reshape(-1), self.bits, b * ncode * 8 // self.bits)
         codes = codes.view(b, -1)[:, :s * h]
         scales = rows[:, ncode:].contiguous().view(torch.float16).reshape(-1)
-        return dequantize(codes, scales, self.bits, (b, s, h), "tile", h)
+        return dequantize(codes, scales, self.bits, (b, s, h), "tile", h, scheme=self.scheme)
 
     def write(self, slots: torch.Tensor, values: torch.Tensor) -> None:
         """Store (B, S, H) float32 values into these slots (cast or quantised)."""
         b, (s, h) = values.shape[0], self.sample_shape
         if self.bits is None:
+            if self.dtype == torch.float16:  # saturate: an inf cached would poison every delta
+                values = values.clamp(-FP16_MAX, FP16_MAX)
             rows = values.to(self.dtype).reshape(b, -1).contiguous().view(torch.uint8)
         else:
-            codes, scales = quantize(values, self.bits, "tile", h)  # one scale per token row
+            # one scale per token row
+            codes, scales = quantize(values, self.bits, "tile", h, scheme=self.scheme)
             codes = codes.reshape(b, -1)
             pad = -codes.shape[1] % 8  # whole bytes per sample
             if pad:
@@ -258,12 +266,21 @@ class ActivationCache:
         return {"sample_shape": self.sample_shape, "entries": entries,
                 "data": self.data[entries[:, 1].to(self.data.device)].cpu().clone(),
                 "evictions": self.evictions,
-                "path": self.path}
+                "path": self.path, "format": self._format}
+
+    @property
+    def _format(self) -> str:
+        """What a slot holds: 'float32' / 'float16' / 'bfloat16', or 'N-bit'."""
+        return f"{self.bits}-bit" if self.bits else str(self.dtype).replace("torch.", "")
 
     def load_state_dict(self, sd: dict) -> None:
         if tuple(sd["sample_shape"]) != self.sample_shape:
             raise ValueError(f"cache state is for samples {tuple(sd['sample_shape'])}, "
                              f"this cache holds {self.sample_shape}")
+        if sd.get("format", self._format) != self._format:
+            raise ValueError(f"cache state holds {sd['format']} values, this cache "
+                             f"{self._format}; resume with the --activation-cache-dtype / "
+                             f"--forward-bits-act the checkpoint was written with")
         entries = sd["entries"]
         if entries.shape[0] > self.capacity or sd["data"].shape[1] != self.slot_bytes:
             raise ValueError("cache state does not fit this cache's capacity or format")
@@ -295,6 +312,7 @@ class DeltaCodec(Codec):
         ram_limit_bytes: refuse a RAM cache bigger than this (default: MemAvailable).
         stochastic, seed: stochastic rounding of the delta on the sender (the receiver only
             dequantises, so the caches stay identical); the generator is in state_dict.
+        scheme: quantiser of the delta and of a low-bit cache (quant.py).
     """
 
     name = "delta"
@@ -303,10 +321,11 @@ class DeltaCodec(Codec):
                  cache_dtype="float32", storage: str = "ram", granularity: str = "channel",
                  group_size: int = 128, bits_act: int | None = None,
                  ram_limit_bytes: int | None = None, stochastic: bool = False, seed: int = 0,
-                 device=None):
-        self.q = FixpointCodec(bits, granularity, group_size, stochastic=stochastic, seed=seed)
+                 device=None, scheme: str = "fitted"):
+        self.q = FixpointCodec(bits, granularity, group_size, stochastic=stochastic, seed=seed,
+                               scheme=scheme)
         self.cache_args = dict(capacity=capacity, dtype=cache_dtype, storage=storage,
-                               bits=bits_act, ram_limit_bytes=ram_limit_bytes)
+                               bits=bits_act, ram_limit_bytes=ram_limit_bytes, scheme=scheme)
         self.cache: ActivationCache | None = None
         if sample_shape is not None:
             self.cache = ActivationCache(sample_shape=sample_shape, device=device,
