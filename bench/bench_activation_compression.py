@@ -48,6 +48,13 @@ METHODS = {   # label -> forward flags
     "tah-4/3/0.8": ["--forward-compress-method", "tah", "--high-precision-bits", "4",
                     "--low-precision-bits", "3", "--high-precision-allocation-ratio", "0.8",
                     "--tile-size", "64"],
+    # the quantiser's grid at low bits: ours (fitted, the default) against the seed's
+    "fixpoint-2": ["--forward-compress-method", "fixpoint", "--forward-bits", "2"],
+    "fixpoint-2 seed grid": ["--forward-compress-method", "fixpoint", "--forward-bits", "2",
+                             "--quant-scheme", "seed"],
+    "fixpoint-4 seed grid": ["--forward-compress-method", "fixpoint", "--forward-bits", "4",
+                             "--quant-scheme", "seed"],
+    "delta-2": ["--forward-compress-method", "delta", "--forward-bits", "2"],
 }
 CODECS = {"fixpoint-4": "fixpoint-4", "delta-4": "delta-4",
           "delta-lowbits-4/8": "delta-lowbits-4/8", "tah-4/3/0.8": "tah-4/3",
