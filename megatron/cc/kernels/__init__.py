@@ -1,0 +1,16 @@
+"""Hand-written Triton kernels for the codecs' hot steps on CUDA (one module per kernel family).
+
+    dispatch      when the kernels run (CUDA tensor + triton + MEGATRON_CC_FUSED != 0); no triton
+    primitives    shared @triton.jit pieces: round half to even, 16-bit scale round-up, bf16 bits
+    group_sums    the kernels' summation order, in torch (no triton): the reference they match
+    fixpoint      scale reduction / fitted search, quantise + pack, unpack + dequantise
+    delta         AC-SGD delta step: quantise + pack + cache update, unpack + dequantise + add
+    tah           TAH-Quant tile transform (outlier pivot, Hadamard, asymmetric quantisation)
+
+The eager torch code in megatron/cc/compress stays the reference and the CPU path. Every kernel
+is bit-identical to it (payload bytes and decodes), checked on the CPU under Triton's interpreter
+(tests/cc/kernels), except where a reduction's order defines the result (fitted scales, 1-bit
+mean / RMS scales): there `group_sums` fixes the order and the kernel matches it bit for bit.
+
+Only `dispatch` may be imported without triton installed; the kernel modules import it.
+"""

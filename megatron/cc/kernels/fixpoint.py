@@ -1,0 +1,374 @@
+"""Fixpoint codec kernels (quant.py's format): scales, quantise + pack, unpack + dequantise.
+
+    group_scales       one program per block of groups: max |x| ("absmax", "seed" b > 1), or
+                       sum-based scales in group_sums' order: mean |x| / RMS (1 bit) and the
+                       "fitted" search (every candidate of quant._FIT_RATIOS, then
+                       quant._FIT_REFITS least-squares refits, looping over the group's
+                       values from L1/L2), with store_scale's round-up in the kernel
+    quantize_pack      one pass: x / step + c0, round half even, clamp, 8 codes -> `bits` bytes
+    unpack_dequantize  one pass: `bits` bytes -> 8 codes -> (code - c0) * step -> dtype
+
+The eager path is ~10 launches for quantise + pack, ~10 for unpack + dequantise and, for
+"fitted", ~25 candidate passes of ~8 launches each; here it is 1 + 1 + 1.
+
+Groups (quant.py): "channel" = columns of x viewed (rows, C); "bucket" = runs of g values of
+the flat x; "tile" = runs of g values inside each row; "tensor" = the whole x. Inputs are read
+as fp32 from fp32 / bf16 / fp16; scales are stored as 16-bit patterns (fp16 or bf16).
+"tensor" scales that need a sum (fitted, 1 bit) stay eager: one group is one program.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from megatron.cc.compress import quant
+
+from . import group_sums
+from .dispatch import LAUNCH, cdiv, next_pow2
+from .primitives import (bf16_bits, round_half_even, scale_value, store_scale_bits,
+                         tree_sum)
+
+GRAN = {"tensor": 0, "channel": 1, "bucket": 2, "tile": 3}
+ABSMAX, MEAN_ABS, RMS, FIT = 0, 1, 2, 3
+SEG_BLOCK = 2048      # values per program and chunk in the group kernel
+CODE_BLOCK = 256      # 8-code groups per program in the elementwise kernels (2048 values)
+
+
+# ------------------------------------------------------------------------ group kernel
+@triton.jit
+def _chunk(x_ptr, base, lim, gmask, c, G, ESTRIDE, L: tl.constexpr):
+    """Chunk c of every group of the block: (values fp32 (GB, L), valid (GB, L)). Positions
+    < lim hold data; the rest (a last bucket's / tile's padding, lanes past G) adds nothing."""
+    e = c * L + tl.arange(0, L)
+    ld = gmask[:, None] & (e[None, :] < lim[:, None])
+    x = tl.load(x_ptr + base[:, None] + e[None, :].to(tl.int64) * ESTRIDE, mask=ld, other=0.0)
+    return x.to(tl.float32), ld
+
+
+@triton.jit
+def _levels(x, step, C0, QMAX):
+    """Signed level index k of x on the grid: round(x / step + c0) clamped, minus c0."""
+    v = round_half_even(tl.math.div_rn(x, step[:, None]) + C0)
+    return tl.minimum(tl.maximum(v, 0.0), QMAX) - C0
+
+
+@triton.jit
+def _step(s, LPS):
+    step = tl.math.div_rn(s, LPS)
+    return tl.where(step > 0, step, 1.0)
+
+
+@triton.jit
+def _err(x_ptr, base, lim, gmask, s, G, ESTRIDE, C0, LPS, QMAX,
+         GB: tl.constexpr, L: tl.constexpr, LOGL: tl.constexpr):
+    """sum over the group of (x - k * step)^2 for scales s (GB,), in group_sums' order."""
+    step = _step(s, LPS)
+    acc = tl.zeros((GB, L), tl.float32)
+    for c in range(tl.cdiv(G, L)):
+        x, cnt = _chunk(x_ptr, base, lim, gmask, c, G, ESTRIDE, L)
+        d = x - _levels(x, step, C0, QMAX) * step[:, None]
+        acc = acc + tl.where(cnt, d * d, 0.0)
+    return tree_sum(acc, L, LOGL)
+
+
+@triton.jit
+def _group_scale_kernel(x_ptr, out_ptr, ratio_ptr, n_ratios, refits,
+                        NG, G, ROWLEN, NT, ESTRIDE, C0, LPS, QMAX,
+                        MODE: tl.constexpr, COL: tl.constexpr, RAW: tl.constexpr,
+                        BF16: tl.constexpr, GB: tl.constexpr, L: tl.constexpr,
+                        LOGL: tl.constexpr):
+    gi = tl.program_id(0).to(tl.int64) * GB + tl.arange(0, GB)
+    gmask = gi < NG
+    if COL:   # group gi: column gi of a (G, ESTRIDE) view
+        base = gi
+        lim = tl.zeros((GB,), tl.int64) + G
+    else:     # group gi: segment gi % NT (G values) of row gi // NT of a (rows, ROWLEN) view
+        t = gi % NT
+        base = (gi // NT) * ROWLEN + t * G
+        lim = tl.minimum(ROWLEN - t * G, G)
+    if MODE == 0:      # max |x|, exact in any order
+        m = tl.zeros((GB,), tl.float32)
+        for c in range(tl.cdiv(G, L)):
+            x, cnt = _chunk(x_ptr, base, lim, gmask, c, G, ESTRIDE, L)
+            m = tl.maximum(m, tl.max(tl.abs(x), axis=1))
+        s = m
+    elif MODE == 3:    # "fitted": quant._fit_scales, one candidate after the other
+        m = tl.zeros((GB,), tl.float32)
+        for c in range(tl.cdiv(G, L)):
+            x, cnt = _chunk(x_ptr, base, lim, gmask, c, G, ESTRIDE, L)
+            m = tl.maximum(m, tl.max(tl.abs(x), axis=1))
+        best = tl.zeros((GB,), tl.int32)
+        best_err = tl.zeros((GB,), tl.float32)
+        # candidates: max|x| * ratio (ratio_ptr[0] = 1: max|x| itself), then the refits
+        for ci in range(n_ratios + refits):
+            if ci < n_ratios:
+                cand = store_scale_bits(m * tl.load(ratio_ptr + ci), BF16)
+            else:    # least-squares step on the best candidate's codes
+                step = _step(scale_value(best, BF16), LPS)
+                num = tl.zeros((GB, L), tl.float32)
+                den = tl.zeros((GB, L), tl.float32)
+                for c in range(tl.cdiv(G, L)):
+                    x, cnt = _chunk(x_ptr, base, lim, gmask, c, G, ESTRIDE, L)
+                    k = _levels(x, step, C0, QMAX)
+                    num = num + tl.where(cnt, x * k, 0.0)
+                    den = den + tl.where(cnt, k * k, 0.0)
+                num = tree_sum(num, L, LOGL)
+                den = tree_sum(den, L, LOGL)
+                fit = tl.where(den > 0, tl.math.div_rn(num, tl.maximum(den, 1.0)), 0.0)
+                cand = store_scale_bits(tl.where(fit < 0, 0.0, fit) * LPS, BF16)
+            e = _err(x_ptr, base, lim, gmask, scale_value(cand, BF16), G, ESTRIDE, C0, LPS,
+                     QMAX, GB, L, LOGL)
+            better = (e < best_err) | (ci == 0)   # the first candidate is taken as it is
+            best = tl.where(better, cand, best)
+            best_err = tl.where(better, e, best_err)
+        s = best   # bit pattern already
+    else:              # 1 bit: mean |x| ("fitted") or RMS ("seed")
+        acc = tl.zeros((GB, L), tl.float32)
+        for c in range(tl.cdiv(G, L)):
+            x, cnt = _chunk(x_ptr, base, lim, gmask, c, G, ESTRIDE, L)
+            if MODE == 1:
+                acc = acc + tl.where(cnt, tl.abs(x), 0.0)
+            else:
+                acc = acc + tl.where(cnt, x * x, 0.0)
+        s = tl.math.div_rn(tree_sum(acc, L, LOGL), lim.to(tl.float32))   # valid count
+        if MODE == 2:
+            s = tl.sqrt_rn(s)
+    if RAW:
+        tl.store(out_ptr + gi, s, mask=gmask)
+    elif MODE == 3:
+        tl.store(out_ptr + gi, s.to(tl.int16), mask=gmask)
+    else:
+        tl.store(out_ptr + gi, store_scale_bits(s, BF16).to(tl.int16), mask=gmask)
+
+
+def _ratios(device) -> tuple[torch.Tensor, int]:
+    """[1] + quant._FIT_RATIOS[1:] as fp32 on `device` (_fit_scales' first candidate is max|x|
+    itself, whatever _FIT_RATIOS[0] says). Read at call time, so edits of the module constant
+    apply; cached per (device, values): no host-to-device copy per message."""
+    key = (str(device), quant._FIT_RATIOS)
+    if key not in _RATIO_CACHE:
+        _RATIO_CACHE[key] = torch.tensor([1.0, *quant._FIT_RATIOS[1:]], dtype=torch.float32,
+                                         device=device)
+    return _RATIO_CACHE[key], len(quant._FIT_RATIOS)
+
+
+_RATIO_CACHE: dict = {}
+
+
+def _group_view(shape, granularity: str, g: int) -> dict:
+    """Groups of x (contiguous, `shape`) for the group kernel: count NG, size G, layout."""
+    numel = math.prod(shape)
+    c = shape[-1] if len(shape) else 1
+    if granularity == "channel":
+        return dict(NG=c, G=numel // max(c, 1), ROWLEN=c, NT=1, ESTRIDE=c, COL=True)
+    if granularity == "tensor":
+        return dict(NG=1, G=numel, ROWLEN=numel, NT=1, ESTRIDE=1, COL=False)
+    if granularity == "bucket":
+        return dict(NG=cdiv(numel, g), G=g, ROWLEN=numel, NT=cdiv(numel, g), ESTRIDE=1,
+                    COL=False)
+    nt = cdiv(c, g)
+    return dict(NG=(numel // max(c, 1)) * nt, G=g, ROWLEN=c, NT=nt, ESTRIDE=1, COL=False)
+
+
+def _launch_group(x, out, mode, view, bits, scheme, scale_dtype, raw=False):
+    L = group_sums.lanes("channel" if view["COL"] else "tensor", view["G"])
+    GB = 32 if view["COL"] else max(1, SEG_BLOCK // L)
+    ratios, n_ratios = _ratios(x.device)
+    c0, lps = quant.grid(bits, scheme)
+    _group_scale_kernel[(cdiv(view["NG"], GB),)](
+        x, out, ratios, n_ratios, quant._FIT_REFITS, view["NG"], view["G"], view["ROWLEN"],
+        view["NT"], view["ESTRIDE"], float(c0), float(lps),
+        float((1 << bits) - 1),
+        MODE=mode, COL=view["COL"], RAW=raw, BF16=scale_dtype == torch.bfloat16, GB=GB, L=L,
+        LOGL=L.bit_length() - 1, **LAUNCH)
+
+
+def group_absmax_scales(x, granularity, group_size, scale_dtype) -> torch.Tensor:
+    """store_scale(group_absmax(x)): (num_scales,) in scale_dtype."""
+    x = x.contiguous()
+    ns = quant.num_scales(x.shape, granularity, group_size)
+    out = torch.empty(ns, dtype=scale_dtype, device=x.device)
+    view = _group_view(x.shape, granularity, group_size)
+    if granularity == "tensor" and x.numel() > SEG_BLOCK * 8:
+        # one group, one program: first the max of every SEG_BLOCK values in parallel
+        part = torch.empty(cdiv(x.numel(), SEG_BLOCK), dtype=torch.float32, device=x.device)
+        _launch_group(x, part, ABSMAX, _group_view(x.shape, "bucket", SEG_BLOCK), 8, "absmax",
+                      scale_dtype, raw=True)
+        x, view = part, _group_view(part.shape, "tensor", 0)
+    _launch_group(x, out.view(torch.int16), ABSMAX, view, 8, "absmax", scale_dtype)
+    return out
+
+
+def group_scales(x, bits, granularity, group_size=128, scale_dtype=torch.float16,
+                 scheme="fitted") -> torch.Tensor:
+    """quant.group_scales on the kernels (sums in group_sums' order)."""
+    if scheme == "absmax" or (scheme == "seed" and bits > 1):
+        return group_absmax_scales(x, granularity, group_size, scale_dtype)
+    if granularity == "tensor" or x.numel() == 0:
+        return group_sums.group_scales(x, bits, granularity, group_size, scale_dtype, scheme)
+    x = x.contiguous()
+    out = torch.empty(quant.num_scales(x.shape, granularity, group_size), dtype=scale_dtype,
+                      device=x.device)
+    mode = FIT if bits > 1 else (RMS if scheme == "seed" else MEAN_ABS)
+    _launch_group(x, out.view(torch.int16), mode, _group_view(x.shape, granularity, group_size),
+                  bits, scheme, scale_dtype)
+    return out
+
+
+# ------------------------------------------------------------------- elementwise kernels
+@triton.jit
+def _scale_index(i, C, G, NT, GRAN: tl.constexpr):
+    """Scale of flat element i (quant.py's group order)."""
+    if GRAN == 0:
+        return i * 0
+    elif GRAN == 1:
+        return i % C
+    elif GRAN == 2:
+        return i // G
+    else:
+        return (i // C) * NT + (i % C) // G
+
+
+@triton.jit
+def _offset3(i, D1, D2, S0, S1, S2):
+    """Address offset of flat element i of a (D0, D1, D2) tensor with strides S0, S1, S2."""
+    return (i // (D1 * D2)) * S0 + ((i // D2) % D1) * S1 + (i % D2) * S2
+
+
+@triton.jit
+def _quant_pack_kernel(x_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, N, NBYTES, C, G, NT,
+                       D1, D2, PS0, PS1, PS2, NS0, NS1, NS2, C0, LPS, QMAX,
+                       GRAN: tl.constexpr, BITS: tl.constexpr, BF16: tl.constexpr,
+                       PREV: tl.constexpr, BLOCK: tl.constexpr, BP: tl.constexpr):
+    grp = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)   # 8-code groups
+    j = tl.arange(0, 8)
+    i = grp[:, None] * 8 + j[None, :]
+    m = i < N
+    x = tl.load(x_ptr + i, mask=m, other=0.0).to(tl.float32)
+    s = scale_value(tl.load(s_ptr + _scale_index(i, C, G, NT, GRAN), mask=m, other=0), BF16)
+    raw_step = tl.math.div_rn(s, LPS)
+    step = tl.where(raw_step > 0, raw_step, 1.0)
+    v = round_half_even(tl.math.div_rn(x, step) + C0)
+    v = tl.where(m, tl.minimum(tl.maximum(v, 0.0), QMAX), 0.0)   # pad codes are 0 bits
+    # 8 codes of BITS bits = one little-endian word of BITS bytes
+    word = tl.sum(v.to(tl.uint64) << (j * BITS).to(tl.uint64)[None, :], axis=1)
+    k = tl.arange(0, BP)
+    byte = (word[:, None] >> (k * 8).to(tl.uint64)[None, :]) & 255
+    addr = grp[:, None] * BITS + k[None, :]
+    tl.store(out_ptr + addr, byte.to(tl.uint8), mask=(k[None, :] < BITS) & (addr < NBYTES))
+    if PREV:   # delta codecs: new cache = prev + dequantize(code), as decode computes it
+        prev = tl.load(prev_ptr + _offset3(i, D1, D2, PS0, PS1, PS2), mask=m, other=0.0)
+        tl.store(new_ptr + _offset3(i, D1, D2, NS0, NS1, NS2), prev + (v - C0) * raw_step,
+                 mask=m)
+
+
+@triton.jit
+def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, prev_ptr, N, NBYTES, C, G, NT,
+                           D1, D2, PS0, PS1, PS2, C0, LPS,
+                           GRAN: tl.constexpr, BITS: tl.constexpr, BF16: tl.constexpr,
+                           OUT: tl.constexpr, PREV: tl.constexpr, BLOCK: tl.constexpr,
+                           BP: tl.constexpr):
+    grp = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    k = tl.arange(0, BP)
+    addr = grp[:, None] * BITS + k[None, :]
+    byte = tl.load(p_ptr + addr, mask=(k[None, :] < BITS) & (addr < NBYTES), other=0)
+    word = tl.sum(byte.to(tl.uint64) << (k * 8).to(tl.uint64)[None, :], axis=1)
+    j = tl.arange(0, 8)
+    code = (word[:, None] >> (j * BITS).to(tl.uint64)[None, :]) & ((1 << BITS) - 1)
+    i = grp[:, None] * 8 + j[None, :]
+    m = i < N
+    s = scale_value(tl.load(s_ptr + _scale_index(i, C, G, NT, GRAN), mask=m, other=0), BF16)
+    val = (code.to(tl.float32) - C0) * tl.math.div_rn(s, LPS)
+    if PREV:
+        val = tl.load(prev_ptr + _offset3(i, D1, D2, PS0, PS1, PS2), mask=m, other=0.0) + val
+    if OUT == 0:
+        tl.store(out_ptr + i, val, mask=m)
+    elif OUT == 1:
+        tl.store(out_ptr + i, val.to(tl.float16), mask=m)
+    else:
+        tl.store(out_ptr + i, bf16_bits(val).to(tl.int16), mask=m)
+
+
+def _geometry(shape, granularity, group_size) -> tuple[int, int, int]:
+    """(C, G, NT) of _scale_index for x of `shape`."""
+    c = max(shape[-1], 1) if len(shape) else 1
+    return c, group_size, cdiv(c, group_size)
+
+
+def _dims3(shape) -> tuple[int, int]:
+    """(D1, D2) of the 3-D view that prev / new strides refer to."""
+    if len(shape) != 3:
+        raise ValueError(f"prev / new take (S, B, H) messages, got shape {tuple(shape)}")
+    return shape[1], shape[2]
+
+
+def quantize_pack(x, scales, bits, granularity, group_size=128, scheme="fitted",
+                  prev=None, new=None) -> torch.Tensor:
+    """pack_bits(quantize_with_scales(x, scales, ...)): the packed uint8 stream.
+
+    prev / new (delta codecs, x of shape (S, B, H), any strides): also writes
+    new = prev + dequantize(codes) in fp32, as the receiver computes it."""
+    x = x.contiguous()
+    n = x.numel()
+    out = torch.empty(quant.packed_nbytes(n, bits), dtype=torch.uint8, device=x.device)
+    if n == 0:
+        return out
+    c0, lps = quant.grid(bits, scheme)
+    d1 = d2 = 1
+    ps = ns = (0, 0, 0)
+    if prev is not None:
+        d1, d2 = _dims3(x.shape)
+        ps, ns = prev.stride(), new.stride()
+    _quant_pack_kernel[(cdiv(cdiv(n, 8), CODE_BLOCK),)](
+        x, scales.view(torch.int16), out, prev if prev is not None else x,
+        new if new is not None else x, n, out.numel(),
+        *_geometry(x.shape, granularity, group_size), d1, d2, *ps, *ns, float(c0), float(lps),
+        float((1 << bits) - 1), GRAN=GRAN[granularity], BITS=bits,
+        BF16=scales.dtype == torch.bfloat16, PREV=prev is not None, BLOCK=CODE_BLOCK,
+        BP=next_pow2(bits), **LAUNCH)
+    return out
+
+
+def unpack_dequantize(packed, scales, bits, shape, granularity="channel", group_size=128,
+                      dtype=torch.float32, scheme="fitted", prev=None) -> torch.Tensor:
+    """dequantize(unpack_bits(packed), scales, ...).to(dtype), a tensor of `shape`.
+
+    prev (delta codecs): returns prev + dequantize(...) in fp32 (dtype ignored)."""
+    shape = tuple(shape)
+    n = math.prod(shape)
+    if packed.numel() != quant.packed_nbytes(n, bits):
+        raise ValueError(f"{packed.numel()} packed bytes, expected ceil({n}*{bits}/8)")
+    if prev is not None:
+        dtype = torch.float32
+    out = torch.empty(shape, dtype=dtype, device=packed.device)
+    if n == 0:
+        return out
+    c0, lps = quant.grid(bits, scheme)
+    d1 = d2 = 1
+    ps = (0, 0, 0)
+    if prev is not None:
+        d1, d2 = _dims3(shape)
+        ps = prev.stride()
+    kind = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
+    _unpack_dequant_kernel[(cdiv(cdiv(n, 8), CODE_BLOCK),)](
+        packed.contiguous(), scales.view(torch.int16), out if kind < 2 else out.view(torch.int16),
+        prev if prev is not None else out, n, packed.numel(),
+        *_geometry(shape, granularity, group_size), d1, d2, *ps, float(c0), float(lps),
+        GRAN=GRAN[granularity], BITS=bits, BF16=scales.dtype == torch.bfloat16, OUT=kind,
+        PREV=prev is not None, BLOCK=CODE_BLOCK, BP=next_pow2(bits), **LAUNCH)
+    return out
+
+
+def encode(x, bits, granularity, group_size=128, scale_dtype=torch.float16, scheme="fitted"):
+    """(packed codes, scales): fused.encode_eager's payload, on the kernels."""
+    scales = group_scales(x, bits, granularity, group_size, scale_dtype, scheme)
+    return quantize_pack(x, scales, bits, granularity, group_size, scheme), scales
+
+
+def decode(packed, scales, bits, shape, granularity, group_size=128, dtype=torch.float32,
+           scheme="fitted"):
+    return unpack_dequantize(packed, scales, bits, shape, granularity, group_size, dtype,
+                             scheme)

@@ -1,0 +1,122 @@
+"""The summation order of the scale kernels, in torch: what their sums are defined to be.
+
+Sums of floats depend on their order, and torch's own order differs between devices and
+vectorisation widths, so a kernel cannot reproduce `tensor.sum()` bit for bit. The kernels'
+group sums (fitted-scale search, 1-bit mean |x| and RMS scales) use this fixed order instead:
+
+    lanes(layout, g): L = min(next_pow2(g), LANES_MAX[layout])
+    a group of g values (quant._to_groups' layout) is read in chunks of L; lane l accumulates,
+    chunk after chunk from 0.0, the term of every position c * L + l (0.0 for the zero
+    padding of a last bucket / tile, which quant.py excludes from the fit and the counts);
+    the L lane totals are then added by adjacent pairs, level by level (a balanced tree).
+
+Everything else in the search (candidate order, fp32 operations, store_scale) is quant.py's.
+`fit_scales` and `mean_scales` below are the torch twins that the kernels equal bit for bit
+(tests/cc/kernels); they equal quant.group_scales up to summation order (same scale in all but
+near-tied groups; the tests bound how often and by how much).
+"""
+from __future__ import annotations
+
+import torch
+
+from megatron.cc.compress import quant
+
+# channel groups are columns: L rows of a block of adjacent channels, so fewer lanes
+LANES_MAX = {"col": 64, "seg": 512}
+
+
+def layout(granularity: str) -> str:
+    """"col": groups are columns of the (rows, C) view (channel); "seg": groups are runs of
+    consecutive values (tensor, bucket, tile)."""
+    return "col" if granularity == "channel" else "seg"
+
+
+def lanes(granularity: str, g: int) -> int:
+    return min(1 << max(0, (g - 1).bit_length()), LANES_MAX[layout(granularity)])
+
+
+def tree_sum(v: torch.Tensor) -> torch.Tensor:
+    """(G, N) -> (G,), N a power of two: adjacent pairs, level by level."""
+    while v.shape[1] > 1:
+        v = v.view(v.shape[0], -1, 2)
+        v = v[..., 0] + v[..., 1]
+    return v[:, 0]
+
+
+def lane_sum(v: torch.Tensor, L: int) -> torch.Tensor:
+    """Sum of every row of v (G, g) in the kernels' order (module docstring)."""
+    G, g = v.shape
+    chunks = -(-g // L)
+    if chunks * L != g:
+        v = torch.cat([v, v.new_zeros(G, chunks * L - g)], dim=1)
+    v = v.view(G, chunks, L)
+    acc = v.new_zeros(G, L)
+    for c in range(chunks):
+        acc = acc + v[:, c]
+    return tree_sum(acc)
+
+
+def groups(x: torch.Tensor, granularity: str, group_size: int):
+    """(values, valid): x.float() as (num_scales, g), one row per group in scale order, and
+    the mask of its entries that are not padding."""
+    def rows(t):
+        tg, red = quant._to_groups(t, granularity, group_size)
+        return tg.t() if granularity == "channel" else tg.reshape(-1, tg.shape[red])
+    return rows(x.float()), rows(torch.ones_like(x, dtype=torch.float32)) > 0
+
+
+def mean_scales(x, bits, granularity, group_size, scale_dtype, scheme) -> torch.Tensor:
+    """1-bit scales: mean |x| ("fitted") or RMS ("seed") over each group's entries."""
+    xg, valid = groups(x, granularity, group_size)
+    L = lanes(granularity, xg.shape[1])
+    count = valid.sum(dim=1).float()
+    term = xg * xg if scheme == "seed" else xg.abs()
+    s = lane_sum(torch.where(valid, term, 0.0), L) / count
+    return quant.store_scale(s.sqrt() if scheme == "seed" else s, scale_dtype)
+
+
+def fit_scales(x, bits, granularity, group_size, scale_dtype) -> torch.Tensor:
+    """quant._fit_scales with the kernels' summation order (bits >= 2)."""
+    xg, valid = groups(x, granularity, group_size)
+    L = lanes(granularity, xg.shape[1])
+    c0, lps = quant.grid(bits, "fitted")
+    qmax = (1 << bits) - 1
+    amax = xg.abs().amax(dim=1)
+
+    def levels(s):
+        step = s.float() / lps
+        step = torch.where(step > 0, step, torch.ones_like(step))[:, None]
+        return (xg / step + c0).round_().clamp_(0, qmax).sub_(c0), step
+
+    def total(term):
+        return lane_sum(torch.where(valid, term, 0.0), L)
+
+    def err(s):
+        k, step = levels(s)
+        return total((xg - k * step).square_())
+
+    def consider(s, best_s, best_err):
+        e = err(s)
+        better = e < best_err
+        return torch.where(better, s, best_s), torch.where(better, e, best_err)
+
+    best_s = quant.store_scale(amax, scale_dtype)
+    best_err = err(best_s)
+    for ratio in quant._FIT_RATIOS[1:]:
+        best_s, best_err = consider(quant.store_scale(amax * ratio, scale_dtype), best_s, best_err)
+    for _ in range(quant._FIT_REFITS):
+        k, _ = levels(best_s)
+        num, den = total(xg * k), total(k * k)
+        step = torch.where(den > 0, num / den.clamp_min(1), torch.zeros_like(num))
+        s = quant.store_scale(step.clamp_min(0) * lps, scale_dtype)
+        best_s, best_err = consider(s, best_s, best_err)
+    return best_s
+
+
+def group_scales(x, bits, granularity, group_size, scale_dtype, scheme) -> torch.Tensor:
+    """quant.group_scales with the kernels' summation order (absmax needs none)."""
+    if scheme == "absmax" or (scheme == "seed" and bits > 1):
+        return quant.group_scales(x, bits, granularity, group_size, scale_dtype, scheme)
+    if bits == 1:
+        return mean_scales(x, bits, granularity, group_size, scale_dtype, scheme)
+    return fit_scales(x, bits, granularity, group_size, scale_dtype)

@@ -1,0 +1,84 @@
+"""@triton.jit building blocks shared by the kernel families, each exact in fp32.
+
+Written with plain arithmetic and bit operations only, so that compiled kernels and Triton's
+interpreter (which CI runs) compute the same bits: the interpreter has no libdevice (rint), and
+its fp32 -> bf16 cast truncates where CUDA rounds to nearest even, so neither is used.
+"""
+import triton
+import triton.language as tl
+
+FP16_MAX = tl.constexpr(65504.0)
+BF16_MAX = tl.constexpr(3.3895313892515355e38)   # (2^8 - 1) * 2^120, exact in fp32
+
+
+@triton.jit
+def round_half_even(v):
+    """torch.round of fp32 v (nearest, ties to even); +-inf stay."""
+    f = tl.floor(v)
+    d = v - f                       # exact: f and v share the binade or v is integral
+    half = f * 0.5
+    odd = tl.floor(half) != half
+    up = (d > 0.5) | ((d == 0.5) & odd)
+    return tl.where(up, f + 1.0, f)
+
+
+@triton.jit
+def bf16_bits(x):
+    """fp32 -> bfloat16 bit pattern (int32 in 0..0xFFFF), round to nearest even like torch."""
+    u = x.to(tl.uint32, bitcast=True)
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return tl.where(x != x, 0x7FC0, r.to(tl.int32))
+
+
+@triton.jit
+def bf16_value(b):
+    """bfloat16 bit pattern (integer, low 16 bits) -> fp32, exact."""
+    return ((b.to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def half_bits(x):
+    """fp32 -> float16 bit pattern (int32 in 0..0xFFFF), round to nearest even."""
+    return x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def half_value(b):
+    """float16 bit pattern (integer, low 16 bits) -> fp32, exact."""
+    return (b.to(tl.int32) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def scale_value(b, BF16: tl.constexpr):
+    """A stored 16-bit scale (bit pattern) as fp32."""
+    if BF16:
+        return bf16_value(b)
+    else:
+        return half_value(b)
+
+
+@triton.jit
+def store_scale_bits(s, BF16: tl.constexpr):
+    """quant.store_scale: non-negative fp32 s rounded UP to fp16 / bf16 (saturating at its
+    max); returns the bit pattern (int32 in 0..0xFFFF)."""
+    if BF16:
+        s = tl.minimum(s, BF16_MAX)
+        q = bf16_bits(s)
+        back = bf16_value(q)
+    else:
+        s = tl.minimum(s, FP16_MAX)
+        q = half_bits(s)
+        back = half_value(q)
+    # nextafter(q, +inf) of a non-negative finite q is the next bit pattern
+    return tl.where(back < s, q + 1, q)
+
+
+@triton.jit
+def tree_sum(v, N: tl.constexpr, LOG: tl.constexpr):
+    """Sum of v (G, N) along its last dim, N = 2^LOG, by adjacent pairs: level by level
+    v[2i] + v[2i+1] (group_sums.tree_sum is the same order in torch). Returns (G,)."""
+    G: tl.constexpr = v.shape[0]
+    for lvl in tl.static_range(LOG):
+        a, b = tl.split(tl.reshape(v, (G, N >> (lvl + 1), 2)))
+        v = a + b
+    return tl.reshape(v, (G,))

@@ -1,0 +1,36 @@
+"""Import the kernel modules under Triton's interpreter, so that CPU tests execute them.
+
+Triton decides at decoration time (`@triton.jit`, i.e. when a module is imported) whether a
+function is compiled or interpreted, from TRITON_INTERPRET; that includes triton.language's own
+jit'd helpers (tl.zeros, tl.sum, ...). In a test session triton is usually imported already
+(torch._dynamo imports it), for compilation. `kernels()` then sets TRITON_INTERPRET=1 and
+imports triton's Python modules (not its compiled extension) and the kernel modules afresh;
+modules that imported triton before (torch's) keep the objects they hold.
+"""
+import importlib
+import os
+import sys
+
+import pytest
+
+
+def _fresh_modules() -> None:
+    os.environ["TRITON_INTERPRET"] = "1"
+    std = sys.modules.get("triton.language.standard")
+    if std is None or type(std.zeros).__name__ == "InterpretedFunction":
+        return
+    for name in list(sys.modules):
+        # the compiled extension (nanobind) cannot be initialised twice: keep it
+        if (name.split(".")[0] == "triton" and not name.startswith("triton._C")) \
+                or name.startswith("megatron.cc.kernels."):
+            del sys.modules[name]
+
+
+def kernels(name: str):
+    """megatron.cc.kernels.<name> with interpreted kernels; skips the tests without triton."""
+    _fresh_modules()
+    pytest.importorskip("triton")
+    mod = importlib.import_module(f"megatron.cc.kernels.{name}")
+    kernel = next(v for k, v in vars(mod).items() if k.endswith("_kernel"))
+    assert type(kernel).__name__ == "InterpretedFunction", "kernels are not interpreted"
+    return mod
