@@ -35,6 +35,7 @@ def make(name, **kw):
 
 
 @pytest.mark.parametrize("name,kw", [("delta", {}), ("delta", {"cache_dtype": "bfloat16"}),
+                                     ("delta", {"cache_dtype": "float16"}),
                                      ("delta", {"bits": 2}), ("delta", {"bits": 8, "capacity": 3}),
                                      ("delta-lowbits", {}), ("delta-lowbits", {"bits_act": 3}),
                                      ("delta-lowbits", {"bits": 1, "capacity": 4})])
@@ -86,11 +87,12 @@ def test_eviction_is_lru_and_identical_on_both_ends():
         send.encode(torch.randn(S, 3, H), CodecContext(sample_ids=torch.tensor([5, 6, 7])))
 
 
-@pytest.mark.parametrize("name", ["delta", "delta-lowbits"])
-def test_disk_storage_matches_ram(tmp_path, name):
-    ram = make(name)
-    disk = make(name, storage=f"disk:{tmp_path / 'send.bin'}")
-    on_dir = make(name, storage=f"disk:{tmp_path}", sample_shape=(S, H))
+@pytest.mark.parametrize("name,kw", [("delta", {}), ("delta", {"cache_dtype": "float16"}),
+                                     ("delta-lowbits", {})])
+def test_disk_storage_matches_ram(tmp_path, name, kw):
+    ram = make(name, **kw)
+    disk = make(name, storage=f"disk:{tmp_path / 'send.bin'}", **kw)
+    on_dir = make(name, storage=f"disk:{tmp_path}", sample_shape=(S, H), **kw)
     for x, ids in stream(steps=5):
         ctx = CodecContext(sample_ids=ids)
         a, b = ram.encode(x, ctx), disk.encode(x, ctx)
@@ -100,7 +102,7 @@ def test_disk_storage_matches_ram(tmp_path, name):
     assert os.path.getsize(tmp_path / "send.bin") == disk.cache.nbytes
     assert on_dir.cache.path.startswith(str(tmp_path)) and "disk" in on_dir.describe()
     # resume a disk cache from a checkpoint into a fresh file
-    resumed = make(name, storage=f"disk:{tmp_path / 'resumed.bin'}")
+    resumed = make(name, storage=f"disk:{tmp_path / 'resumed.bin'}", **kw)
     resumed.load_state_dict(disk.state_dict())
     x, ids = next(stream(steps=1, seed=9))
     ctx = CodecContext(sample_ids=ids)
@@ -111,13 +113,15 @@ def test_disk_storage_matches_ram(tmp_path, name):
     assert not os.path.exists(made) and os.path.exists(tmp_path / "send.bin")
 
 
-@pytest.mark.parametrize("name", ["delta", "delta-lowbits"])
-def test_state_dict_round_trip(name):
-    a = make(name)
+@pytest.mark.parametrize("name,kw", [("delta", {}), ("delta", {"cache_dtype": "float16"}),
+                                     ("delta", {"cache_dtype": "bfloat16"}),
+                                     ("delta-lowbits", {})])
+def test_state_dict_round_trip(name, kw):
+    a = make(name, **kw)
     data = list(stream(steps=6))
     for x, ids in data[:4]:
         a.encode(x, CodecContext(sample_ids=ids))
-    b = make(name)
+    b = make(name, **kw)
     b.load_state_dict(a.state_dict())
     assert b.first_sights == a.first_sights
     for x, ids in data[4:]:
@@ -148,3 +152,45 @@ def test_needs_sample_ids_and_matching_shape():
     c.encode(torch.randn(S, 2, H), CodecContext(sample_ids=torch.tensor([0, 1])))
     with pytest.raises(ValueError, match="does not match"):
         c.encode(torch.randn(S + 1, 2, H), CodecContext(sample_ids=torch.tensor([0, 1])))
+
+
+@pytest.mark.parametrize("dtype,bytes_per_value,error", [("float32", 4, 0.03),
+                                                          ("float16", 2, 0.03),
+                                                          ("bfloat16", 2, 0.06)])
+def test_cache_dtype_memory_and_error(dtype, bytes_per_value, error):
+    """Half-precision caches hold half the bytes (the start-up line says so); the receiver's
+    error stays that of the 4-bit delta, because each delta is taken against the rounded
+    cache both ends hold (the rounding is sent on with the next delta, not accumulated)."""
+    send = make("delta", cache_dtype=dtype, capacity=5, sample_shape=(S, H))
+    recv = make("delta", cache_dtype=dtype, capacity=5, sample_shape=(S, H))
+    assert send.cache.nbytes == 5 * S * H * bytes_per_value
+    assert f"{dtype} in RAM" in send.describe() and f"({5 * S * H * bytes_per_value:,} bytes)" \
+        in send.describe()
+    errs = []
+    for x, ids in stream(steps=40, batch=3, pool=5):
+        ctx = CodecContext(sample_ids=ids)
+        x_hat = recv.decode(send.encode(x, ctx), x.shape, x.dtype, ctx)
+        errs.append(float((x_hat - x).abs().mean() / x.abs().mean()))
+    assert cache_hash(send) == cache_hash(recv)
+    assert max(errs[-10:]) < error, errs[-10:]   # relative mean error once every sample is seen
+
+
+def test_fp16_cache_saturates_instead_of_overflowing():
+    send, recv = make("delta", cache_dtype="float16"), make("delta", cache_dtype="float16")
+    ctx = CodecContext(sample_ids=torch.tensor([0]))
+    x = torch.randn(S, 1, H)
+    x[0, 0, 0] = 1e6                         # beyond float16's range
+    for _ in range(3):
+        x_hat = recv.decode(send.encode(x, ctx), x.shape, x.dtype, ctx)
+        assert torch.isfinite(x_hat).all() and cache_hash(send) == cache_hash(recv)
+    cached = send.cache.read(torch.tensor([0]))
+    assert float(cached.abs().max()) == 65504.0 and torch.isfinite(cached).all()
+
+
+def test_cache_state_of_another_dtype_is_refused():
+    a = make("delta", cache_dtype="float16")
+    x, ids = next(stream(steps=1))
+    a.encode(x, CodecContext(sample_ids=ids))
+    b = make("delta")
+    with pytest.raises(ValueError, match="activation-cache-dtype"):
+        b.load_state_dict(a.state_dict())
