@@ -9,6 +9,7 @@
     cocktail.py         CocktailSGDSync: compressed parameter deltas, sharded, one step stale
     diloco.py           DiLoCoSync: H inner steps, outer Nesterov step, streaming fragments
     preduce.py          PartialReduceSync (SD-PIPE) and ADPSGDSync (pairwise gossip)
+    preduce_sched.py    SD-PIPE's scheduling rules: per-stage schedules, windows, pairs
     sharded_exchange.py ShardedExchange: compressed reduce-scatter + all-gather with server error
     flat_codecs.py      flat-vector codecs: none, fp16, int8 / fixpoint-b, cocktail
     param_sync.py       segments (tied embedding apart), flatten / copy helpers
