@@ -1,0 +1,76 @@
+"""Compile every kernel for an H100 (sm_90) ahead of time, no GPU needed (Triton's bundled
+ptxas), and report per kernel whether its PTX has instructions that would break bit-identity
+with the eager reference: fused multiply-adds (fma.rn.f32), approximate division or square
+root. Run as `python -m tests.cc.kernels.aot_compile` (with TRITON_INTERPRET unset); prints
+one JSON object. The interpreter (tests/cc/kernels/test_*.py) cannot show either.
+"""
+import json
+import re
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from megatron.cc.kernels import fixpoint
+
+TARGET = GPUTarget("cuda", 90, 32)
+F, I = "fp32", "i32"
+
+
+def group(mode, **k):
+    ptrs = dict(x_ptr="*bf16", out_ptr="*fp32" if k.get("RAW") else "*i16", ratio_ptr="*fp32")
+    sig = dict(ptrs, n_ratios=I, refits=I, NG=I, G=I, ROWLEN=I, NT=I, ESTRIDE=I, C0=F, LPS=F,
+               QMAX=F)
+    const = dict(MODE=mode, COL=False, RAW=False, BF16=False, GB=32, L=64, LOGL=6)
+    const.update(k)
+    return fixpoint._group_scale_kernel, sig, const
+
+
+def quant_pack(**k):
+    sig = dict(x_ptr="*fp16", s_ptr="*i16", out_ptr="*u8", prev_ptr="*fp32", new_ptr="*fp32",
+               N=I, NBYTES=I, C=I, G=I, NT=I, D1=I, D2=I, PS0=I, PS1=I, PS2=I, NS0=I, NS1=I,
+               NS2=I, C0=F, LPS=F, QMAX=F)
+    const = dict(GRAN=3, BITS=3, BF16=True, PREV=True, BLOCK=256, BP=4)
+    const.update(k)
+    return fixpoint._quant_pack_kernel, sig, const
+
+
+def unpack(**k):
+    sig = dict(p_ptr="*u8", s_ptr="*i16", out_ptr="*i16", prev_ptr="*fp32", N=I, NBYTES=I, C=I,
+               G=I, NT=I, D1=I, D2=I, PS0=I, PS1=I, PS2=I, C0=F, LPS=F)
+    const = dict(GRAN=2, BITS=5, BF16=False, OUT=2, PREV=True, BLOCK=256, BP=8)
+    const.update(k)
+    return fixpoint._unpack_dequant_kernel, sig, const
+
+
+SPECS = {
+    "fixpoint.group_scale[absmax,raw]": group(0, RAW=True, L=512, GB=4, LOGL=9),
+    "fixpoint.group_scale[fitted,channel,bf16]": group(3, COL=True, BF16=True),
+    "fixpoint.group_scale[mean|x|]": group(1, L=8, GB=256, LOGL=3),
+    "fixpoint.group_scale[rms,channel]": group(2, COL=True),
+    "fixpoint.quantize_pack[tile,3b,delta]": quant_pack(),
+    "fixpoint.quantize_pack[channel,8b]": quant_pack(GRAN=1, BITS=8, BF16=False, PREV=False,
+                                                     BP=8),
+    "fixpoint.unpack_dequantize[bucket,5b,bf16,delta]": unpack(),
+    "fixpoint.unpack_dequantize[tile,1b,fp16]": unpack(GRAN=3, BITS=1, OUT=1, PREV=False, BP=1),
+}
+
+INEXACT = {"fma": r"\bfma\.rn\.f32", "approx_div": r"\bdiv\.(full|approx)\.f32",
+           "approx_sqrt": r"\bsqrt\.approx\.f32"}
+
+
+def main(names=None):
+    report = {}
+    for name, (fn, sig, const) in SPECS.items():
+        if names and name not in names:
+            continue
+        sig = dict(sig, **{k: "constexpr" for k in const})
+        src = ASTSource(fn=fn, signature=sig, constexprs=const)
+        ptx = triton.compile(src, target=TARGET, options={"enable_fp_fusion": False}).asm["ptx"]
+        report[name] = {k: bool(re.search(p, ptx)) for k, p in INEXACT.items()}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
