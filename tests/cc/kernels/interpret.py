@@ -30,7 +30,6 @@ def kernels(name: str):
     """megatron.cc.kernels.<name> with interpreted kernels; skips the tests without triton."""
     _fresh_modules()
     pytest.importorskip("triton")
-    mod = importlib.import_module(f"megatron.cc.kernels.{name}")
-    kernel = next(v for k, v in vars(mod).items() if k.endswith("_kernel"))
-    assert type(kernel).__name__ == "InterpretedFunction", "kernels are not interpreted"
-    return mod
+    prims = importlib.import_module("megatron.cc.kernels.primitives")
+    assert type(prims.round_half_even).__name__ == "InterpretedFunction", "not interpreted"
+    return importlib.import_module(f"megatron.cc.kernels.{name}")

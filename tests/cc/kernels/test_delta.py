@@ -1,0 +1,66 @@
+"""Delta step kernels (megatron/cc/kernels/delta.py) under Triton's interpreter: the packed
+codes and the updated caches (sender and receiver) bit-identical to the eager path with the
+same scales; the eager branch is DeltaCodec's own arithmetic."""
+import pytest
+import torch
+
+from megatron.cc.compress import get_codec, quant
+from megatron.cc.kernels import dispatch, group_sums
+from tests.cc.compress.codec_cases import context
+from tests.cc.kernels.cases import sample
+from tests.cc.kernels.interpret import kernels
+
+kd = kernels("delta")
+SHAPE = (11, 3, 29)   # (S, B, H): 957 values
+
+
+def cache_view(shape, seed):
+    """A cached c as DeltaCodec.encode holds it: (B, S, H) rows seen as (S, B, H)."""
+    c = sample((shape[1], shape[0], shape[2]), seed=seed) * 0.5
+    return c.transpose(0, 1)
+
+
+def expected(x, prev, q, scales):
+    codes = quant.quantize_with_scales(x.float() - prev, scales, q.bits, q.granularity,
+                                       q.group_size, scheme=q.scheme)
+    deq = quant.dequantize(codes, scales, q.bits, x.shape, q.granularity, q.group_size,
+                           scheme=q.scheme)
+    return quant.pack_bits(codes, q.bits), prev + deq
+
+
+@pytest.mark.parametrize("bits,granularity,group,scheme",
+                         [(4, "channel", 128, "fitted"), (3, "tile", 8, "absmax"),
+                          (1, "bucket", 50, "seed"), (8, "channel", 128, "absmax")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_encode_and_decode_update(bits, granularity, group, scheme, dtype, monkeypatch):
+    q = get_codec("fixpoint", bits=bits, granularity=granularity, group_size=group,
+                  scheme=scheme)
+    x = sample(SHAPE, dtype, seed=bits)
+    prev = cache_view(SHAPE, seed=bits + 1)
+    scales = group_sums.group_scales(x.float() - prev, bits, granularity, group,
+                                     torch.float16, scheme)
+    ref_packed, ref_new = expected(x, prev, q, scales)
+    monkeypatch.setattr(dispatch, "enabled", lambda *t: True)
+    sender = prev.clone()
+    payload, new = kd.encode_update(x, sender, q)
+    assert torch.equal(payload[1], scales) and torch.equal(payload[0], ref_packed)
+    assert new.data_ptr() == sender.data_ptr() and torch.equal(new, ref_new)   # in place
+    x_hat = kd.decode_update(payload, prev.clone(), q, SHAPE)
+    assert x_hat.dtype == torch.float32 and torch.equal(x_hat, ref_new)
+
+
+def test_eager_branch_is_delta_codecs_arithmetic():
+    """With the kernels off, encode_update / decode_update give DeltaCodec's payload and
+    caches (second message of a sample: a real delta against a warm cache)."""
+    enc, dec = get_codec("delta", bits=3, capacity=4), get_codec("delta", bits=3, capacity=4)
+    ctx = context(SHAPE)
+    x1, x2 = sample(SHAPE, seed=1), sample(SHAPE, seed=2)
+    dec.decode(enc.encode(x1, ctx), SHAPE, torch.float32, ctx)
+    slots = torch.tensor([enc.cache.slots[int(i)] for i in ctx.sample_ids])
+    prev = enc.cache.read(slots).transpose(0, 1)
+    payload = enc.encode(x2, ctx)
+    x_hat = dec.decode(payload, SHAPE, torch.float32, ctx)
+    ours, new = kd.encode_update(x2, prev.clone(), enc.q)
+    assert all(torch.equal(a, b) for a, b in zip(ours, payload))
+    assert torch.equal(new, enc.cache.read(slots).transpose(0, 1))
+    assert torch.equal(kd.decode_update(payload, prev.clone(), dec.q, SHAPE), x_hat)
