@@ -188,8 +188,19 @@ def _where() -> str:
     core = [f for f in frames if "/megatron/core/" in f.filename]
     tests = [f for f in frames if not f.filename.endswith("fake_gpu.py")]
     f = (mine or core or tests or frames)[-1]
-    return f"{os.path.relpath(f.filename, REPO) if f.filename.startswith(REPO) else f.filename}" \
-           f":{f.lineno} ({f.name})"
+    text = _frame(f)
+    if mine and core and frames.index(core[-1]) > frames.index(f):   # deeper, in megatron-core
+        text += f" in {_frame(core[-1])}"
+    return text
+
+
+def _frame(f) -> str:
+    name = f.filename
+    if name.startswith(REPO):
+        name = os.path.relpath(name, REPO)
+    elif "/site-packages/" in name:
+        name = name.split("/site-packages/", 1)[1]
+    return f"{name}:{f.lineno} ({f.name})"
 
 
 _DYNAMIC = {aten.nonzero.default, aten.masked_select.default, aten._unique2.default,
@@ -657,6 +668,19 @@ def python_backward(tensors, grad_tensors=None, ddp_models=()):
                 model._make_backward_post_hook(var)()
 
 
+def real_copy(obj):
+    """`obj` with every fake tensor replaced by a real CPU tensor of its shape and dtype (zeros):
+    what torch.save of a GPU state and torch.load(map_location="cpu") give, minus the values."""
+    if isinstance(obj, FakeTensor):
+        with unset_fake_temporarily():
+            return torch.zeros(obj.shape, dtype=obj.dtype)
+    if isinstance(obj, dict):
+        return type(obj)((k, real_copy(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(real_copy(v) for v in obj)
+    return obj
+
+
 # ---------------------------------------------------------------- the fake machine
 
 class FakeGPU:
@@ -834,11 +858,16 @@ class FakeGPU:
         # device=<int> means "the current accelerator", which a CPU-only torch resolves (and
         # refuses) while parsing arguments, before any dispatch: name the GPU instead
         for name in _FACTORIES:
-            self._set(stack, torch, name, _int_device_is_cuda(getattr(torch, name)))
+            fn = _int_device_is_cuda(getattr(torch, name))
+            self._set(stack, torch, name, _reads_elements(fn, gpu) if name in ("tensor", "as_tensor")
+                      else fn)
         for name in ("to", "new_zeros", "new_empty", "new_ones", "new_full", "new_tensor"):
             self._set(stack, torch.Tensor, name, _int_device_is_cuda(getattr(torch.Tensor, name),
                                                                      first_arg=name == "to"))
         self._set(stack, torch._dynamo.config, "disable", True)
+        # reading a file is host work: real CPU tensors (under a fake mode torch.load would
+        # hand out meta tensors), moved to the GPU by the code under test as on a real one
+        self._set(stack, torch, "load", _host_only(torch.load))
         self._set(stack, torch.autograd, "backward",
                   lambda tensors, grad_tensors=None, *a, **k:
                   python_backward(tensors, grad_tensors, gpu.ddp_models))
@@ -852,6 +881,8 @@ class FakeGPU:
             if owner == "megatron.core.tensor_parallel.random":
                 continue
             self._set(stack, _owner(owner), attr, value)
+        # a fresh GPU process: initialize_distributed applies what the shim applies on GPUs
+        self._set(stack, cpu_shim, "_applied", False)
         from megatron.core.tensor_parallel import random as tp_random
         # the tracker's "CUDA" states: a CPU generator's bytes stand in for Philox states
         self._set(stack, tp_random, "_get_cuda_rng_state",
@@ -935,6 +966,26 @@ def _int_device_is_cuda(fn, first_arg=False):
         if first_arg and len(args) > 1:
             args = (args[0], _as_device(args[1])) + tuple(args[2:])
         return fn(*args, **kwargs)
+    return wrapper
+
+
+def _reads_elements(fn, gpu):
+    """torch.tensor([t0, t1, ...]) of cuda tensors reads each element to the host first."""
+    def wrapper(data, *args, **kwargs):
+        if isinstance(data, (list, tuple)) and any(_is_fake_cuda(d) for d in data):
+            for d in data:
+                gpu._record("read", "torch.tensor() of a list of cuda tensors (one read each)")
+            device = kwargs.get("device")
+            out = torch.stack([d.detach().reshape(()) for d in data]).to("cpu")
+            return out.to(device=device, dtype=kwargs.get("dtype") or out.dtype)
+        return fn(data, *args, **kwargs)
+    return wrapper
+
+
+def _host_only(fn):
+    def wrapper(*args, **kwargs):
+        with unset_fake_temporarily():
+            return fn(*args, **kwargs)
     return wrapper
 
 

@@ -37,14 +37,23 @@ def shared_embedding_weight(model):
     return m.shared_embedding_or_output_weight()
 
 
-def check_ddp_supported(model) -> None:
+def check_ddp_supported(model, why: str = "compressed / fused gradient sync") -> None:
     """Our dp channels replace megatron DDP's own grad all-reduce: it must not run by itself."""
     cfg = model.ddp_config
     if cfg.overlap_grad_reduce or cfg.use_distributed_optimizer:
-        raise NotImplementedError("compressed / fused gradient sync needs megatron DDP with "
-                                  "overlap_grad_reduce=False and use_distributed_optimizer=False")
+        raise NotImplementedError(f"{why}: needs megatron DDP with overlap_grad_reduce=False "
+                                  f"and use_distributed_optimizer=False (drop "
+                                  f"--use-distributed-optimizer, or use NCCL)")
     if getattr(model, "expert_parallel_buffers", None):
         raise NotImplementedError("expert-parallel (MoE) grad buffers are not supported")
+
+
+def coalescing_refused(model, group) -> bool:
+    """True when megatron DDP's own sync would fail: it wraps the bucket all-reduces in
+    torch's `_coalescing_manager`, which gloo turns into `allreduce_coalesced`, and gloo
+    refuses CUDA tensors there ("unsupported device type cuda"). Plain all-reduces of CUDA
+    tensors gloo does take (it stages them itself), so those buckets go one call each."""
+    return dist.get_backend(group) == "gloo" and any(b.grad_data.is_cuda for b in model.buffers)
 
 
 def grad_reduce_factor(model, world: int) -> float:
@@ -99,8 +108,12 @@ class ExactDataParallelSync:
 
     def __call__(self, model, iteration: int) -> None:
         weight = shared_embedding_weight(model) if self.exclude_embedding else None
-        if weight is None and not self.use_group:
+        if weight is None and not self.use_group and not coalescing_refused(model, self.group):
             model.finish_grad_sync()  # megatron DDP: start + wait for every bucket's all-reduce
+            n = sum(b.grad_data.numel() * b.grad_data.element_size() for b in model.buffers)
+        elif weight is None and not self.use_group:   # gloo + CUDA: same buckets, one call each
+            check_ddp_supported(model, why="gloo cannot coalesce CUDA all-reduces")
+            allreduce_buckets(model, self.group)
             n = sum(b.grad_data.numel() * b.grad_data.element_size() for b in model.buffers)
         else:
             check_ddp_supported(model)
