@@ -35,7 +35,9 @@ def hf_model(trainer):
     m = trainer.args.model
     config = GPT2Config(vocab_size=trainer.padded_vocab_size, n_positions=m.max_position_embeddings,
                         n_embd=m.hidden_size, n_layer=m.num_layers, n_head=m.num_attention_heads,
-                        n_inner=m.ffn_hidden_size, activation_function="gelu",
+                        n_inner=m.ffn_hidden_size,
+                        # our GeLU, as tools/checkpoint exports it: exact, or tanh (gelu_new)
+                        activation_function="gelu_new" if m.openai_gelu else "gelu",
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         layer_norm_epsilon=m.layernorm_epsilon, tie_word_embeddings=True,
                         bos_token_id=trainer.tokenizer.eod, eos_token_id=trainer.tokenizer.eod)
