@@ -107,6 +107,8 @@ RUNS = {
     "seed5-again": {**SC, "grad-comp-rank": 2, "comp-seed": 5},
     "seed6": {**SC, "grad-comp-rank": 2, "comp-seed": 6},
     "seed-is-seed": {**SC, "grad-comp-rank": 2, "comp-seed": 1234},   # tiny_gpt_argv's --seed
+    # a parameter-syncing dp mode keeps the plain emb sum, which --emb-grad-comp compresses
+    "diloco-emb": {"dp-mode": "diloco", "diloco-inner-steps": 2, **EMB, "emb-grad-comp-rank": 2},
     "speed": {**CB, **SC, "grad-comp-type": "RandomizedSVD", "grad-comp-rank": 2,
               "emb-grad-comp": True, "emb-grad-comp-warm-up": 0.0, "check-comp-speed": True},
 }
@@ -122,13 +124,16 @@ RESUME = {   # 8 iterations; each new piece of state mid-flight at the save afte
 
 def _totals(trainer):
     import torch.distributed as dist
+    from megatron.cc.grad_sync.sync import shared_embedding_weight
     from megatron.cc.stats import ChannelStats
+    w = shared_embedding_weight(trainer.model)
+    trainer.final_embedding = None if w is None else w.detach().numpy().copy()
     layout = getattr(trainer.grad_sync.dp, "_layout", None)
     dp_shapes = None if layout is None else (
         [tuple(M.shape) for _, M in layout[0]], sum(t.numel() for t in layout[1]))
     snapshots = [None] * dist.get_world_size()
     dist.all_gather_object(snapshots, trainer.stats.snapshot())
-    return ChannelStats.merge(snapshots), dp_shapes
+    return ChannelStats.merge(snapshots), dp_shapes, trainer.final_embedding
 
 
 def _worker(rank, world, corpus, root):
@@ -220,6 +225,27 @@ def test_comp_seed(runs):
     assert _losses(runs, "seed5") == _losses(runs, "seed5-again")
     assert _losses(runs, "seed5") != _losses(runs, "seed6")
     assert _losses(runs, "seed-is-seed") == _losses(runs, "psgd-low")   # default: --seed
+
+
+def test_emb_grad_comp_under_a_parameter_syncing_dp_mode(runs):
+    emb = _stats(runs, "diloco-emb")["emb"]
+    assert emb["sent"] == 4 * 4 * 2 * (V + H) * 4 and emb["raw"] == 4 * 4 * V * H * 4
+    losses = _losses(runs, "diloco-emb")
+    assert all(x == x for x in losses) and losses[-1] < losses[0]
+    # ranks (0, 1): stage 0 of replicas 0 and 1; (2, 3): stage 1. The tied weight's two copies
+    # (first and last stage of one replica) take the same compressed step
+    first, last = (runs[0][r]["diloco-emb"][1][2] for r in (0, 2))
+    assert first is not None and (first == last).all()
+
+
+def test_start_up_notes(tiny_corpus):
+    from megatron.training.seed_flags import seed_notes
+    args = parse_args(tiny_gpt_argv(tiny_corpus, **PP2, **RUNS["speed"]), world_size=4)
+    notes = " ".join(seed_notes(args))
+    assert "RandomizedSVD" in notes and "2 all-reduces" in notes
+    assert "--emb-grad-comp: PowerSGD rank 4" in notes and "714" in notes
+    args = parse_args(tiny_gpt_argv(tiny_corpus, **PP2, **RUNS["seed5"]), world_size=4)
+    assert not any("--comp-seed" in n for n in seed_notes(args))
 
 
 def test_check_comp_speed_on_the_log_line(runs):
