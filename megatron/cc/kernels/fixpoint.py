@@ -28,8 +28,8 @@ from megatron.cc.compress import quant
 
 from . import group_sums
 from .dispatch import LAUNCH, cdiv, next_pow2
-from .primitives import (bf16_bits, round_half_even, scale_value, store_scale_bits,
-                         tree_sum)
+from .primitives import (bf16_bits, pack_groups, round_half_even, scale_value,
+                         store_scale_bits, tree_sum)
 
 GRAN = {"tensor": 0, "channel": 1, "bucket": 2, "tile": 3}
 ABSMAX, MEAN_ABS, RMS, FIT = 0, 1, 2, 3
@@ -253,12 +253,9 @@ def _quant_pack_kernel(x_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, N, NBYTES, C, G
     step = tl.where(raw_step > 0, raw_step, 1.0)
     v = round_half_even(tl.math.div_rn(x, step) + C0)
     v = tl.where(m, tl.minimum(tl.maximum(v, 0.0), QMAX), 0.0)   # pad codes are 0 bits
-    # 8 codes of BITS bits = one little-endian word of BITS bytes
-    word = tl.sum(v.to(tl.uint64) << (j * BITS).to(tl.uint64)[None, :], axis=1)
     k = tl.arange(0, BP)
-    byte = (word[:, None] >> (k * 8).to(tl.uint64)[None, :]) & 255
     addr = grp[:, None] * BITS + k[None, :]
-    tl.store(out_ptr + addr, byte.to(tl.uint8), mask=(k[None, :] < BITS) & (addr < NBYTES))
+    tl.store(out_ptr + addr, pack_groups(v, BITS, BP), mask=(k[None, :] < BITS) & (addr < NBYTES))
     if PREV:   # delta codecs: new cache = prev + dequantize(code), as decode computes it
         prev = tl.load(prev_ptr + _offset3(i, D1, D2, PS0, PS1, PS2), mask=m, other=0.0)
         tl.store(new_ptr + _offset3(i, D1, D2, NS0, NS1, NS2), prev + (v - C0) * raw_step,

@@ -82,3 +82,36 @@ def tree_sum(v, N: tl.constexpr, LOG: tl.constexpr):
         a, b = tl.split(tl.reshape(v, (G, N >> (lvl + 1), 2)))
         v = a + b
     return tl.reshape(v, (G,))
+
+
+@triton.jit
+def pack_groups(v, BITS: tl.constexpr, BP: tl.constexpr):
+    """quant.pack_bits for blocks of 8 codes: v (B, 8) codes < 2^BITS (any numeric type) ->
+    (B, BP) bytes, BP = next_pow2(BITS); bytes >= BITS of a row are garbage (mask them)."""
+    j = tl.arange(0, 8)
+    word = tl.sum(v.to(tl.uint64) << (j * BITS).to(tl.uint64)[None, :], axis=1)
+    k = tl.arange(0, BP)
+    return ((word[:, None] >> (k * 8).to(tl.uint64)[None, :]) & 255).to(tl.uint8)
+
+
+@triton.jit
+def round_down_half_bits(v):
+    """tah._round_down16: fp32 -> float16 rounded toward -inf (saturating at -65504), as a
+    bit pattern (int32 in 0..0xFFFF)."""
+    q = half_bits(tl.minimum(tl.maximum(v, -FP16_MAX), FP16_MAX))
+    back = half_value(q)
+    # nextafter(q, -inf): +-0 -> -smallest subnormal, positive -> one down, negative -> one up
+    down = tl.where((q & 0x7FFF) == 0, 0x8001, tl.where((q & 0x8000) != 0, q + 1, q - 1))
+    return tl.where((back > v) & (back > -FP16_MAX), down, q)
+
+
+@triton.jit
+def fwht(y, TB: tl.constexpr, T: tl.constexpr, LOGT: tl.constexpr):
+    """tah.fwht without its final 1/sqrt(t) factor: y (TB, T), pairs (i, i + h) inside
+    blocks of 2h become (a + b, a - b), h = 1, 2, 4, ..."""
+    for lvl in tl.static_range(LOGT):
+        y4 = tl.permute(tl.reshape(y, (TB, T >> (lvl + 1), 2, 1 << lvl)), (0, 1, 3, 2))
+        a, b = tl.split(y4)
+        y4 = tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2))
+        y = tl.reshape(y4, (TB, T))
+    return y

@@ -12,7 +12,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from megatron.cc.kernels import fixpoint
+from megatron.cc.kernels import fixpoint, tah
 
 TARGET = GPUTarget("cuda", 90, 32)
 F, I = "fp32", "i32"
@@ -44,7 +44,34 @@ def unpack(**k):
     return fixpoint._unpack_dequant_kernel, sig, const
 
 
+def tah_tiles(t):
+    sig = dict(x_ptr="*fp32", high_ptr="*u8", codes_ptr="*u8", sz_ptr="*i16", flag_ptr="*u8",
+               piv_ptr="*u8", NTILES=I, NT=I, FACTOR=F, INV_SQRT=F, HIGH_LEVELS=F,
+               LOW_LEVELS=F, FLAG_BYTES=I, PIV_BYTES=I)
+    pb = t.bit_length() - 1
+    return tah._tiles_kernel, sig, dict(T=t, LOGT=pb, PB=pb, PBP=1 << (pb - 1).bit_length(),
+                                        TB=max(8, 2048 // t))
+
+
+def tah_pack_rows():
+    sig = dict(codes_ptr="*u8", order_ptr="*i64", out_ptr="*u8", START=I, N=I, CP=I, NBYTES=I)
+    return tah._pack_rows_kernel, sig, dict(BITS=3, BP=4, BLOCK=256)
+
+
+def tah_decode(t, out):
+    sig = dict(p_ptr="*u8", sz_ptr="*i16", high_ptr="*u8", rank_ptr="*i32",
+               out_ptr="*i16" if out == 2 else "*fp32", NTILES=I, NT=I, C=I, CP=I,
+               INV_SQRT=F, FLAG_OFF=I, PIV_OFF=I, HIGH_OFF=I, LOW_OFF=I, HIGH_BITS=I,
+               LOW_BITS=I, NBYTES=I)
+    pb = t.bit_length() - 1
+    return tah._decode_kernel, sig, dict(T=t, LOGT=pb, PB=pb, TB=max(8, 2048 // t), OUT=out)
+
+
 SPECS = {
+    "tah.tiles[t64]": tah_tiles(64),
+    "tah.tiles[t2]": tah_tiles(2),
+    "tah.pack_rows[3b]": tah_pack_rows(),
+    "tah.decode[t16,bf16]": tah_decode(16, 2),
     "fixpoint.group_scale[absmax,raw]": group(0, RAW=True, L=512, GB=4, LOGL=9),
     "fixpoint.group_scale[fitted,channel,bf16]": group(3, COL=True, BF16=True),
     "fixpoint.group_scale[mean|x|]": group(1, L=8, GB=256, LOGL=3),

@@ -1,0 +1,211 @@
+"""TAH-Quant codec (compress/tah.py) on kernels: the tile transform and the payload packing.
+
+    encode  eager: fp32 padded copy, token entropies and their order (logs and a sort stay in
+            torch, so the bit allocation is the eager one); then
+            _tiles_kernel   per tile: outlier test, pivot swap + Hadamard of flagged tiles,
+                            min / max, fp16 zero (rounded down) and scale (rounded up), codes,
+                            and the flag / pivot bits written straight into the payload;
+            _pack_rows_kernel (x2) the codes of the high and the low tokens, in token order;
+    decode  _decode_kernel  per tile: flag, pivot and codes read from the payload at their bit
+                            offsets, dequantise, inverse Hadamard + pivot swap, crop, cast
+            (eager: the token map's unpack and each token's rank inside its set).
+Eager: ~60 launches to encode, ~35 to decode. Payload bytes and decodes are bit-identical to
+TahCodec's (tests/cc/kernels/test_tah.py).
+
+Not wired into compress/tah.py yet (owned elsewhere): TahCodec.encode / decode would start with
+    if dispatch.enabled(x): return kernels.tah.encode(self, x)
+    if dispatch.enabled(payload[0]): return kernels.tah.decode(self, payload, shape, dtype)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from megatron.cc.compress import tah as tah_codec
+from megatron.cc.compress.quant import pack_bits, unpack_bits
+
+from .dispatch import LAUNCH, cdiv, next_pow2
+from .primitives import (bf16_bits, fwht, half_value, pack_groups, round_down_half_bits,
+                         round_half_even, store_scale_bits)
+
+TILE_BLOCK = 2048     # values per program (a multiple of 8 tiles: flag / pivot bytes are whole)
+CODE_BLOCK = 256      # 8-code groups per program in the row packer
+
+
+@triton.jit
+def _codes(y, zero, step, levels):
+    """round((y - zero) / step), at least 0, at most the token's top level."""
+    v = round_half_even(tl.math.div_rn(y - zero[:, None], step[:, None]))
+    return tl.minimum(tl.maximum(v, 0.0), levels[:, None])
+
+
+@triton.jit
+def _tiles_kernel(x_ptr, high_ptr, codes_ptr, sz_ptr, flag_ptr, piv_ptr, NTILES, NT,
+                  FACTOR, INV_SQRT, HIGH_LEVELS, LOW_LEVELS, FLAG_BYTES, PIV_BYTES,
+                  T: tl.constexpr, LOGT: tl.constexpr, PB: tl.constexpr, PBP: tl.constexpr,
+                  TB: tl.constexpr):
+    f = tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB)     # tiles, (token, tile j)
+    fm = f < NTILES
+    e = tl.arange(0, T)
+    x = tl.load(x_ptr + f[:, None] * T + e[None, :], mask=fm[:, None], other=0.0)
+    a = tl.abs(x)
+    first = tl.max(a, axis=1)
+    above = tl.sum((a > tl.math.div_rn(first, FACTOR)[:, None]).to(tl.int32), axis=1)
+    flag = (above == 1) & (first > 0) & fm
+    piv = tl.where(flag, tl.argmax(a, axis=1, tie_break_left=True), 0)
+    # pivot swap (max with -inf: exact, signed zeros kept), then Hadamard; flagged tiles only
+    x0 = tl.max(tl.where(e[None, :] == 0, x, -float("inf")), axis=1)
+    xp = tl.max(tl.where(e[None, :] == piv[:, None], x, -float("inf")), axis=1)
+    moved = tl.where(e[None, :] == 0, xp[:, None], tl.where(e[None, :] == piv[:, None],
+                                                             x0[:, None], x))
+    y = tl.where(flag[:, None], fwht(moved, TB, T, LOGT) * INV_SQRT, x)
+    # asymmetric quantisation: zero rounded down, scale rounded up (fp16)
+    zero_bits = round_down_half_bits(tl.min(y, axis=1))
+    zero = half_value(zero_bits)
+    high = tl.load(high_ptr + f // NT, mask=fm, other=0)
+    levels = tl.where(high != 0, HIGH_LEVELS, LOW_LEVELS)
+    span = tl.max(y, axis=1) - zero
+    scale_bits = store_scale_bits(tl.math.div_rn(tl.where(span < 0, 0.0, span), levels), False)
+    scale = half_value(scale_bits)
+    step = tl.where(scale > 0, scale, 1.0)
+    v = _codes(y, zero, step, levels)
+    tl.store(codes_ptr + f[:, None] * T + e[None, :], v.to(tl.uint8), mask=fm[:, None])
+    tl.store(sz_ptr + f, scale_bits.to(tl.int16), mask=fm)
+    tl.store(sz_ptr + NTILES + f, zero_bits.to(tl.int16), mask=fm)
+    # flag and pivot bits of these TB tiles: whole bytes (TB is a multiple of 8)
+    g = tl.program_id(0).to(tl.int64) * (TB // 8) + tl.arange(0, TB // 8)
+    fb = pack_groups(tl.reshape(flag.to(tl.int32), (TB // 8, 8)), 1, 1)
+    tl.store(flag_ptr + g[:, None] + tl.arange(0, 1)[None, :], fb, mask=g[:, None] < FLAG_BYTES)
+    kp = tl.arange(0, PBP)
+    pa = g[:, None] * PB + kp[None, :]
+    tl.store(piv_ptr + pa, pack_groups(tl.reshape(piv, (TB // 8, 8)), PB, PBP),
+             mask=(kp[None, :] < PB) & (pa < PIV_BYTES))
+
+
+@triton.jit
+def _pack_rows_kernel(codes_ptr, order_ptr, out_ptr, START, N, CP, NBYTES,
+                      BITS: tl.constexpr, BP: tl.constexpr, BLOCK: tl.constexpr):
+    """pack_bits(codes[order[START:START + N // CP]], BITS) into out."""
+    grp = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    i = grp[:, None] * 8 + tl.arange(0, 8)[None, :]
+    m = i < N
+    row = tl.load(order_ptr + START + i // CP, mask=m, other=0)
+    code = tl.load(codes_ptr + row * CP + i % CP, mask=m, other=0)
+    k = tl.arange(0, BP)
+    addr = grp[:, None] * BITS + k[None, :]
+    tl.store(out_ptr + addr, pack_groups(code, BITS, BP), mask=(k[None, :] < BITS) & (addr < NBYTES))
+
+
+@triton.jit
+def _read_bits(p_ptr, o, width, NBYTES):
+    """`width` (<= 8) bits of the little-endian stream at p_ptr, from bit offset o."""
+    b0 = tl.load(p_ptr + (o >> 3)).to(tl.int32)
+    b1 = tl.load(p_ptr + (o >> 3) + 1, mask=(o >> 3) + 1 < NBYTES, other=0).to(tl.int32)
+    return ((b0 | (b1 << 8)) >> (o & 7).to(tl.int32)) & ((1 << width) - 1)
+
+
+@triton.jit
+def _decode_kernel(p_ptr, sz_ptr, high_ptr, rank_ptr, out_ptr, NTILES, NT, C, CP, INV_SQRT,
+                   FLAG_OFF, PIV_OFF, HIGH_OFF, LOW_OFF, HIGH_BITS, LOW_BITS, NBYTES,
+                   T: tl.constexpr, LOGT: tl.constexpr, PB: tl.constexpr, TB: tl.constexpr,
+                   OUT: tl.constexpr):
+    f = tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB)
+    fm = f < NTILES
+    fs = tl.where(fm, f, 0)                     # masked tiles read tile 0, store nothing
+    tok = fs // NT
+    e = tl.arange(0, T)
+    flag = _read_bits(p_ptr + FLAG_OFF, fs, 1, NBYTES - FLAG_OFF) != 0
+    piv = _read_bits(p_ptr + PIV_OFF, fs * PB, PB, NBYTES - PIV_OFF)
+    high = tl.load(high_ptr + tok) != 0
+    rank = tl.load(rank_ptr + tok).to(tl.int64)
+    bits = tl.where(high, HIGH_BITS, LOW_BITS)
+    base = tl.where(high, HIGH_OFF, LOW_OFF)
+    col = (fs % NT) * T
+    o = ((rank * CP + col)[:, None] + e[None, :]) * bits[:, None]
+    b0 = tl.load(p_ptr + base[:, None] + (o >> 3)).to(tl.int32)
+    nxt = base[:, None] + (o >> 3) + 1
+    b1 = tl.load(p_ptr + nxt, mask=nxt < NBYTES, other=0).to(tl.int32)
+    code = ((b0 | (b1 << 8)) >> (o & 7).to(tl.int32)) & ((1 << bits[:, None]) - 1)
+    scale = half_value(tl.load(sz_ptr + fs))
+    zero = half_value(tl.load(sz_ptr + NTILES + fs))
+    tile = code.to(tl.float32) * scale[:, None]
+    tile = tile + zero[:, None]
+    y = fwht(tile, TB, T, LOGT) * INV_SQRT
+    y0 = tl.max(tl.where(e[None, :] == 0, y, -float("inf")), axis=1)
+    yp = tl.max(tl.where(e[None, :] == piv[:, None], y, -float("inf")), axis=1)
+    inv = tl.where(e[None, :] == piv[:, None], y0[:, None], y)
+    inv = tl.where(e[None, :] == 0, yp[:, None], inv)
+    val = tl.where(flag[:, None], inv, tile)
+    cols = col[:, None] + e[None, :]
+    dst = out_ptr + tok[:, None] * C + cols
+    m = fm[:, None] & (cols < C)
+    if OUT == 0:
+        tl.store(dst, val, mask=m)
+    elif OUT == 1:
+        tl.store(dst, val.to(tl.float16), mask=m)
+    else:
+        tl.store(dst, bf16_bits(val).to(tl.int16), mask=m)
+
+
+def _offsets(codec, shape) -> list[int]:
+    """Start byte of every payload section (tah.py's order)."""
+    out, at = [], 0
+    for n in codec._sections(shape):
+        out.append(at)
+        at += n
+    return out
+
+
+def encode(codec: "tah_codec.TahCodec", x: torch.Tensor) -> list[torch.Tensor]:
+    """TahCodec.encode(x) on the kernels: the same payload, byte for byte."""
+    T, c, cp, nt, k = codec._dims(x.shape)
+    X = codec._tiles(x).view(T, cp)                   # fp32 zero-padded copy, as eager
+    high, order = tah_codec._allocate(X.abs(), codec.high_ratio)
+    n = codec.nbytes(x.shape)
+    payload = torch.empty(n, dtype=torch.uint8, device=x.device)
+    off = _offsets(codec, x.shape)
+    payload[off[1]:off[2]] = pack_bits(high, 1)
+    codes = torch.empty(T, cp, dtype=torch.uint8, device=x.device)
+    t, pb = codec.t, codec.pivot_bits
+    tb = max(8, TILE_BLOCK // t)
+    _tiles_kernel[(cdiv(T * nt, tb),)](
+        X, high.to(torch.uint8), codes, payload[:off[1]].view(torch.int16), payload[off[2]:],
+        payload[off[3]:], T * nt, nt, float(codec.outlier_factor), 1.0 / math.sqrt(t),
+        float(2 ** codec.high_bits - 1), float(2 ** codec.low_bits - 1), off[3] - off[2],
+        off[4] - off[3], T=t, LOGT=pb, PB=pb, PBP=next_pow2(pb), TB=tb, **LAUNCH)
+    for start, rows, bits, at in ((0, k, codec.high_bits, off[4]),
+                                  (k, T - k, codec.low_bits, off[5])):
+        if rows:
+            nb = cdiv(rows * cp * bits, 8)
+            _pack_rows_kernel[(cdiv(cdiv(rows * cp, 8), CODE_BLOCK),)](
+                codes, order, payload[at:], start, rows * cp, cp, nb, BITS=bits,
+                BP=next_pow2(bits), BLOCK=CODE_BLOCK, **LAUNCH)
+    return [payload]
+
+
+def decode(codec: "tah_codec.TahCodec", payload, shape, dtype) -> torch.Tensor:
+    """TahCodec.decode(payload, shape, dtype) on the kernels: the same tensor, bit for bit."""
+    shape = tuple(shape)
+    T, c, cp, nt, k = codec._dims(shape)
+    stream = payload[0].reshape(-1)
+    if stream.numel() != codec.nbytes(shape):
+        raise ValueError(f"tah payload has {stream.numel()} bytes, shape {shape} needs "
+                         f"{codec.nbytes(shape)}")
+    off = _offsets(codec, shape)
+    high = unpack_bits(stream[off[1]:off[2]], 1, T)
+    ones = torch.cumsum(high, 0, dtype=torch.int32)
+    rank = torch.where(high.bool(), ones - 1,
+                       torch.arange(T, dtype=torch.int32, device=stream.device) - ones)
+    out = torch.empty(shape, dtype=dtype, device=stream.device)
+    kind = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
+    t, pb = codec.t, codec.pivot_bits
+    tb = max(8, TILE_BLOCK // t)
+    _decode_kernel[(cdiv(T * nt, tb),)](
+        stream, stream[:off[1]].view(torch.int16), high, rank,
+        out if kind < 2 else out.view(torch.int16), T * nt, nt, c, cp, 1.0 / math.sqrt(t),
+        off[2], off[3], off[4], off[5], codec.high_bits, codec.low_bits, stream.numel(),
+        T=t, LOGT=pb, PB=pb, TB=tb, OUT=kind, **LAUNCH)
+    return out
