@@ -45,7 +45,8 @@ def backward_codec(c, seed: int):
     """CB codec for one end of a bwd link, or None (uncompressed)."""
     if not c.compressed_backprop:
         return None
-    return get_codec(CB_CODECS[c.inter_grad_comp_type], rank=c.cb_rank, error_feedback=c.use_error_feedback,
+    return get_codec(CB_CODECS[c.inter_grad_comp_type], rank=c.cb_rank,
+                     error_feedback=c.use_error_feedback,
                      payload_dtype=c.inter_grad_comp_dtype, seed=seed,
                      flush_on_uncompressed=c.lep_flush_on_uncompressed,
                      power_iters=c.inter_grad_comp_power_iters)

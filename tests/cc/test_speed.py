@@ -1,4 +1,4 @@
-"""--check-comp-speed's meter (megatron/cc/speed.py) on the CPU (CUDA: tests/gpu/test_speed_cuda.py).
+"""--check-comp-speed's meter (megatron/cc/speed.py) on the CPU (CUDA: tests/gpu/).
 
 - A timed codec returns exactly what the codec returns, keeps its state and attributes, and
   adds one "comp" and one "decomp" observation per message, in GB/s of uncompressed bytes;

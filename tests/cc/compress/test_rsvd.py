@@ -105,7 +105,8 @@ def test_payload_bytes_equal_the_lowrank_codecs(rank, dtype):
     x = torch.randn(SHAPE).to(dtype)
     ours = get_codec("rsvd", rank=rank)
     theirs = get_codec("lowrank", rank=rank)
-    assert ours.payload_spec(torch.Size(SHAPE), dtype) == theirs.payload_spec(torch.Size(SHAPE), dtype)
+    shape = torch.Size(SHAPE)
+    assert ours.payload_spec(shape, dtype) == theirs.payload_spec(shape, dtype)
     payload = ours.encode(x, CodecContext())
     n, m = 32, 24
     expected = rank * (n + m) * x.element_size()
