@@ -63,24 +63,25 @@ def test_tensor_absmax_in_two_stages():
     assert torch.equal(got, quant.group_scales(x, 8, "tensor", 1, torch.float16, "absmax"))
 
 
-SUM_CASES = [(2, "channel", 128, "fitted"), (3, "tile", 8, "fitted"), (4, "bucket", 5, "fitted"),
-             (5, "bucket", 600, "fitted"), (8, "channel", 128, "fitted"),
-             (1, "channel", 128, "fitted"), (1, "tile", 8, "seed"), (1, "bucket", 600, "seed")]
+# (bits, granularity, group, scheme, shape): channel groups of 111 rows (two chunks of 64
+# lanes) and of 15; buckets of 600 (two chunks of 512) and of 5; tiles with a padded last one.
+SUM_CASES = [(2, "channel", 128, "fitted", SHAPES[1]), (3, "tile", 8, "fitted", SHAPES[0]),
+             (4, "bucket", 5, "fitted", SHAPES[0]), (5, "bucket", 600, "fitted", SHAPES[1]),
+             (8, "channel", 128, "fitted", SHAPES[0]), (1, "channel", 128, "fitted", SHAPES[1]),
+             (1, "tile", 8, "seed", SHAPES[0]), (1, "bucket", 600, "seed", SHAPES[1])]
 
 
-@pytest.mark.parametrize("bits,granularity,group,scheme", SUM_CASES,
-                         ids=[f"{b}b-{g}{n}-{s}" for b, g, n, s in SUM_CASES])
-def test_sum_based_scales_in_group_sums_order(bits, granularity, group, scheme):
+@pytest.mark.parametrize("bits,granularity,group,scheme,shape", SUM_CASES,
+                         ids=[f"{b}b-{g}{n}-{s}" for b, g, n, s, _ in SUM_CASES])
+def test_sum_based_scales_in_group_sums_order(bits, granularity, group, scheme, shape):
     """The fitted search and 1-bit mean / RMS: identical to group_sums' torch twin."""
-    for i, (shape, sd) in enumerate(zip(SHAPES, (torch.float16, torch.bfloat16))):
-        x = sample(shape, DTYPES[(bits + i) % 3], seed=bits + 10 * i)
-        ref = group_sums.group_scales(x, bits, granularity, group, sd, scheme)
-        got = fx.group_scales(x, bits, granularity, group, sd, scheme)
-        assert torch.equal(got, ref)
-        packed, scales = fx.encode(x, bits, granularity, group, sd, scheme)
-        assert torch.equal(scales, ref)
-        codes = quant.quantize_with_scales(x, ref, bits, granularity, group, scheme=scheme)
-        assert same_bits(packed, quant.pack_bits(codes, bits))
+    sd = (torch.float16, torch.bfloat16)[bits % 2]
+    x = sample(shape, DTYPES[bits % 3], seed=bits)
+    ref = group_sums.group_scales(x, bits, granularity, group, sd, scheme)
+    packed, scales = fx.encode(x, bits, granularity, group, sd, scheme)
+    assert scales.dtype == sd and torch.equal(scales, ref)
+    codes = quant.quantize_with_scales(x, ref, bits, granularity, group, scheme=scheme)
+    assert same_bits(packed, quant.pack_bits(codes, bits))
 
 
 def test_fitted_search_reads_the_module_constants(monkeypatch):
