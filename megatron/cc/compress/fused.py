@@ -7,6 +7,9 @@ and decodes are bit-identical to the eager path; "fitted" and 1-bit scales sum i
 megatron/cc/kernels/group_sums.py (torch's own order differs by device, so they can differ
 from the eager scales in the last bit of a near-tied candidate comparison).
 
+`pack_bits` / `unpack_bits` are quant.py's, dispatched the same way: drop-in replacements for
+the other codecs' bit streams (cocktail's mask and values, TAH's maps, the low-bit cache).
+
 MEGATRON_CC_FUSED=0 turns the kernels off (debugging, or to time the eager path).
 """
 from __future__ import annotations
@@ -17,18 +20,18 @@ import torch
 
 from megatron.cc.kernels import dispatch
 
-from .quant import dequantize, group_scales, pack_bits, quantize_with_scales, unpack_bits
+from . import quant
 
 
 def encode_eager(x, bits, granularity, group_size, scale_dtype, scheme="fitted"):
-    scales = group_scales(x, bits, granularity, group_size, scale_dtype, scheme)
-    codes = quantize_with_scales(x, scales, bits, granularity, group_size, scheme=scheme)
-    return pack_bits(codes, bits), scales
+    scales = quant.group_scales(x, bits, granularity, group_size, scale_dtype, scheme)
+    codes = quant.quantize_with_scales(x, scales, bits, granularity, group_size, scheme=scheme)
+    return quant.pack_bits(codes, bits), scales
 
 
 def decode_eager(packed, scales, bits, shape, granularity, group_size, dtype, scheme="fitted"):
-    codes = unpack_bits(packed, bits, math.prod(shape))
-    return dequantize(codes, scales, bits, shape, granularity, group_size, dtype, scheme)
+    codes = quant.unpack_bits(packed, bits, math.prod(shape))
+    return quant.dequantize(codes, scales, bits, shape, granularity, group_size, dtype, scheme)
 
 
 def enabled(t: torch.Tensor) -> bool:
@@ -51,3 +54,19 @@ def decode(packed, scales, bits, shape, granularity, group_size, dtype, scheme="
     from megatron.cc.kernels import fixpoint
     return fixpoint.decode(packed, scales, bits, tuple(shape), granularity, group_size, dtype,
                            scheme)
+
+
+def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """quant.pack_bits, in one launch on CUDA (the eager one is ~2 * bits small ops)."""
+    if not enabled(codes):
+        return quant.pack_bits(codes, bits)
+    from megatron.cc.kernels import fixpoint
+    return fixpoint.pack(codes, bits)
+
+
+def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
+    """quant.unpack_bits, in one launch on CUDA."""
+    if not enabled(packed):
+        return quant.unpack_bits(packed, bits, numel)
+    from megatron.cc.kernels import fixpoint
+    return fixpoint.unpack(packed, bits, numel)

@@ -369,3 +369,56 @@ def decode(packed, scales, bits, shape, granularity, group_size=128, dtype=torch
            scheme="fitted"):
     return unpack_dequantize(packed, scales, bits, shape, granularity, group_size, dtype,
                              scheme)
+
+
+# ------------------------------------------------------------------ plain bit packing
+@triton.jit
+def _pack_kernel(c_ptr, out_ptr, N, NBYTES, BITS: tl.constexpr, BP: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    grp = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    i = grp[:, None] * 8 + tl.arange(0, 8)[None, :]
+    code = tl.load(c_ptr + i, mask=i < N, other=0)
+    k = tl.arange(0, BP)
+    addr = grp[:, None] * BITS + k[None, :]
+    tl.store(out_ptr + addr, pack_groups(code, BITS, BP),
+             mask=(k[None, :] < BITS) & (addr < NBYTES))
+
+
+@triton.jit
+def _unpack_kernel(p_ptr, out_ptr, N, NBYTES, BITS: tl.constexpr, BP: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    grp = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    k = tl.arange(0, BP)
+    addr = grp[:, None] * BITS + k[None, :]
+    byte = tl.load(p_ptr + addr, mask=(k[None, :] < BITS) & (addr < NBYTES), other=0)
+    word = tl.sum(byte.to(tl.uint64) << (k * 8).to(tl.uint64)[None, :], axis=1)
+    j = tl.arange(0, 8)
+    code = (word[:, None] >> (j * BITS).to(tl.uint64)[None, :]) & ((1 << BITS) - 1)
+    i = grp[:, None] * 8 + j[None, :]
+    tl.store(out_ptr + i, code.to(tl.uint8), mask=i < N)
+
+
+def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """quant.pack_bits: uint8 codes (< 2^bits, any shape) -> 1-D little-endian bit stream."""
+    quant._check_bits(bits)
+    c = codes.reshape(-1).to(torch.uint8).contiguous()
+    out = torch.empty(quant.packed_nbytes(c.numel(), bits), dtype=torch.uint8, device=c.device)
+    if c.numel():
+        _pack_kernel[(cdiv(cdiv(c.numel(), 8), CODE_BLOCK),)](
+            c, out, c.numel(), out.numel(), BITS=bits, BP=next_pow2(bits), BLOCK=CODE_BLOCK,
+            **LAUNCH)
+    return out
+
+
+def unpack(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
+    """quant.unpack_bits: the first `numel` codes of a stream, 1-D uint8."""
+    quant._check_bits(bits)
+    p = packed.reshape(-1).contiguous()
+    if p.numel() != quant.packed_nbytes(numel, bits):
+        raise ValueError(f"{p.numel()} packed bytes, expected ceil({numel}*{bits}/8)")
+    out = torch.empty(numel, dtype=torch.uint8, device=p.device)
+    if numel:
+        _unpack_kernel[(cdiv(cdiv(numel, 8), CODE_BLOCK),)](
+            p, out, numel, p.numel(), BITS=bits, BP=next_pow2(bits), BLOCK=CODE_BLOCK,
+            **LAUNCH)
+    return out

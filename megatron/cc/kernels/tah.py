@@ -96,7 +96,8 @@ def _pack_rows_kernel(codes_ptr, order_ptr, out_ptr, START, N, CP, NBYTES,
     code = tl.load(codes_ptr + row * CP + i % CP, mask=m, other=0)
     k = tl.arange(0, BP)
     addr = grp[:, None] * BITS + k[None, :]
-    tl.store(out_ptr + addr, pack_groups(code, BITS, BP), mask=(k[None, :] < BITS) & (addr < NBYTES))
+    tl.store(out_ptr + addr, pack_groups(code, BITS, BP),
+             mask=(k[None, :] < BITS) & (addr < NBYTES))
 
 
 @triton.jit

@@ -81,6 +81,10 @@ SPECS = {
                                                      BP=8),
     "fixpoint.unpack_dequantize[bucket,5b,bf16,delta]": unpack(),
     "fixpoint.unpack_dequantize[tile,1b,fp16]": unpack(GRAN=3, BITS=1, OUT=1, PREV=False, BP=1),
+    "fixpoint.pack[7b]": (fixpoint._pack_kernel, dict(c_ptr="*u8", out_ptr="*u8", N=I, NBYTES=I),
+                          dict(BITS=7, BP=8, BLOCK=256)),
+    "fixpoint.unpack[1b]": (fixpoint._unpack_kernel, dict(p_ptr="*u8", out_ptr="*u8", N=I,
+                                                          NBYTES=I), dict(BITS=1, BP=1, BLOCK=256)),
 }
 
 INEXACT = {"fma": r"\bfma\.rn\.f32", "approx_div": r"\bdiv\.(full|approx)\.f32",

@@ -140,3 +140,18 @@ def test_empty_message():
     packed, scales = fx.encode(x, 3, "channel", 128, torch.float16, "absmax")
     assert packed.numel() == 0 and scales.numel() == 4
     assert fx.decode(packed, scales, 3, (0, 4), "channel").shape == (0, 4)
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_plain_pack_and_unpack(bits, monkeypatch):
+    """fused.pack_bits / unpack_bits on the kernels == quant's, odd sizes and whole blocks."""
+    from megatron.cc.kernels import dispatch
+    monkeypatch.setattr(dispatch, "enabled", lambda *t: True)
+    g = torch.Generator().manual_seed(bits)
+    for n in (0, 1, 9, 2048, 2053):
+        codes = torch.randint(0, 2 ** bits, (n,), dtype=torch.uint8, generator=g)
+        packed = fused.pack_bits(codes, bits)
+        assert same_bits(packed, quant.pack_bits(codes, bits))
+        assert same_bits(fused.unpack_bits(packed, bits, n), codes)
+    with pytest.raises(ValueError, match="packed bytes"):
+        fused.unpack_bits(packed[:-1], bits, n)
