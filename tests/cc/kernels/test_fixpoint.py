@@ -5,7 +5,6 @@ Scales are compared by value: the eager max-reduction returns -0.0 or +0.0 for a
 group depending on the CPU's vectorisation, the kernels always +0.0 (the codes, the bytes that
 matter, are the same either way). Everything else is compared byte for byte.
 """
-import math
 
 import pytest
 import torch
