@@ -57,7 +57,7 @@ def _worker(rank, world, corpus):
     _record(calls)
     for name, flags in MODES.items():
         calls.clear()
-        runner.train(tiny_gpt_argv(corpus, **{"train-iters": 5, **flags}), world)
+        runner.train(tiny_gpt_argv(corpus, **{"train-iters": 4, **flags}), world)
         main = {g for on_main, g, _ in calls if on_main}
         bg = {g for on_main, g, _ in calls if not on_main}
         bg_ops = sorted({op for on_main, _, op in calls if not on_main})

@@ -67,9 +67,20 @@ def _unit(rank, world):
     return out
 
 
+def _both(rank, world, corpus, ckpt):
+    return _unit(rank, world), _resume(rank, world, corpus, ckpt)
+
+
 @pytest.fixture(scope="module")
-def unit():
-    return run_distributed(_unit, 1, timeout=240)[0]
+def spawned(tiny_corpus, tmp_path_factory):
+    """One spawned rank for every test here (a spawn costs more than the tests)."""
+    ckpt = str(tmp_path_factory.mktemp("rng_cross_device") / "ck")
+    return run_distributed(_both, 1, (tiny_corpus, ckpt), timeout=300)[0]
+
+
+@pytest.fixture
+def unit(spawned):
+    return spawned[0]
 
 
 def test_same_device_restores_every_generator(unit):
@@ -102,9 +113,8 @@ def _resume(rank, world, corpus, ckpt):
     return resumed, [l for l in out.getvalue().splitlines() if "RNG state" in l]
 
 
-def test_gpu_checkpoint_resumes_training_on_cpu_with_one_warning(tiny_corpus, tmp_path):
-    resumed, warnings = run_distributed(_resume, 1, (tiny_corpus, str(tmp_path / "ck")),
-                                        timeout=300)[0]
+def test_gpu_checkpoint_resumes_training_on_cpu_with_one_warning(spawned):
+    resumed, warnings = spawned[1]
     assert len(resumed) == 2 and all(np.isfinite(resumed))
     assert len(warnings) == 1, warnings
     assert "CUDA generator" in warnings[0] and "tensor-parallel RNG tracker" in warnings[0]
