@@ -17,8 +17,8 @@ Omega is never stored: it is drawn from a generator on the message's device seed
 same on every rank that draws it with the same numbers (`seeded_gaussian`). CPU and CUDA
 generators produce different numbers: a run is reproducible on the same kind of device.
 
-`orthonormalize_` is Gram-Schmidt run twice ("twice is enough", Giraud et al. 2005): a
-randomized range finder sees rank-deficient Y whenever M's rank is below r (small models,
+`orthogonalize_` (lowrank.py) is Gram-Schmidt run twice ("twice is enough", Giraud et al.
+2005): a randomized range finder sees rank-deficient Y whenever M's rank is below r (small models,
 sparse embedding gradients), and one pass of Gram-Schmidt then normalises rounding noise into
 columns that are far from orthogonal to the others, so P P^T M double-counts; the second pass
 makes them orthogonal to rounding, and P P^T M equals M to float rounding. Elementwise ops and
@@ -32,12 +32,6 @@ from .base import Codec, parse_dtype, register
 from .lowrank import matrix_dims, orthogonalize_
 
 _MIX = 0x9E3779B97F4A7C15   # odd 64-bit constant: distinct (seed, i, j) give distinct seeds
-
-
-def orthonormalize_(p: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Orthonormal columns of p (n x r) in place, to float rounding even when p is rank-deficient
-    (the deficient columns come out orthogonal to the others, or zero); returns p."""
-    return orthogonalize_(orthogonalize_(p, eps), eps)
 
 
 def message_seed(seed: int, *counters: int) -> int:
@@ -66,9 +60,9 @@ class SeededGaussian:
 
 def range_and_coefficients(M: torch.Tensor, omega: torch.Tensor, niter: int, eps: float):
     """Local randomized SVD of M (n x m): (P, B) with P (n x r) orthonormal, M_hat = P B^T."""
-    P = orthonormalize_(M @ omega, eps)
+    P = orthogonalize_(M @ omega, eps)
     for _ in range(niter):
-        P = orthonormalize_(M @ orthonormalize_(M.t() @ P, eps), eps)
+        P = orthogonalize_(M @ orthogonalize_(M.t() @ P, eps), eps)
     return P, M.t() @ P
 
 

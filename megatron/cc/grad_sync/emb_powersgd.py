@@ -34,7 +34,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from megatron.cc.compress.rsvd import check_seed, orthonormalize_
+from megatron.cc.compress.lowrank import orthogonalize_
+from megatron.cc.compress.rsvd import check_seed
 from megatron.cc.grad_sync.fused_embedding import FusedEmbeddingSync
 from megatron.cc.grad_sync.powersgd import worth_compressing
 from megatron.cc.grad_sync.sync import grad_reduce_factor, shared_embedding_weight
@@ -98,11 +99,11 @@ class EmbPowerSGDSync:
             Q_prev = self._warm_q(M)   # first use: also restores a checkpointed error
             if self.error_feedback and self.error is not None:
                 M.add_(self.error)
-            Q = orthonormalize_(Q_prev.clone(), self.eps)
+            Q = orthogonalize_(Q_prev.clone(), self.eps)
             P = M @ Q
         dist.all_reduce(P, group=self.group)
         with rec:
-            orthonormalize_(P, self.eps)
+            orthogonalize_(P, self.eps)
             Q = M.t() @ P
         dist.all_reduce(Q, group=self.group)
         rec.done()

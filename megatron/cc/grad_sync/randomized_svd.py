@@ -28,7 +28,8 @@ State: E per parameter and the seed (Omega needs none: it follows from the itera
 import torch
 import torch.distributed as dist
 
-from megatron.cc.compress.rsvd import SeededGaussian, check_seed, message_seed, orthonormalize_
+from megatron.cc.compress.lowrank import orthogonalize_
+from megatron.cc.compress.rsvd import SeededGaussian, check_seed, message_seed
 from megatron.cc.grad_sync.powersgd import NamedMatrices, PowerSGDDataParallelSync
 from megatron.cc.speed import record
 
@@ -94,7 +95,7 @@ class RandomizedSVDDataParallelSync(PowerSGDDataParallelSync):
         """dst = M^T orth(src) (or M orth(src)) for every matrix, then all-reduce dst's buffer."""
         with rec:
             for (_, M), src, dst in zip(compress, srcs, dsts):
-                orthonormalize_(src, self.eps)
+                orthogonalize_(src, self.eps)
                 torch.mm(M.t() if transpose else M, src, out=dst)
         dist.all_reduce(self._q_flat if transpose else self._p_flat, group=self.group)
 
