@@ -287,7 +287,8 @@ class _Hybrid(TorchDispatchMode):
         elif func is aten.copy_.default:
             dst, src = args[0], args[1]
             if _is_fake_cuda(src) and not _is_fake_cuda(dst):
-                async_ok = kwargs.get("non_blocking", False) and gpu._pinned(dst)
+                blocking = not kwargs.get("non_blocking", len(args) > 2 and args[2])
+                async_ok = not blocking and gpu._pinned(dst)
                 gpu._record("d2h-async" if async_ok else "d2h", "copy_ to host")
             elif _is_fake_cuda(dst) and not _is_fake_cuda(src) and src.dim() > 0:
                 gpu._record("h2d", "copy_ to cuda" + ("" if gpu._pinned(src) else

@@ -270,29 +270,39 @@ class ActivationCache:
 
     @property
     def _format(self) -> str:
-        """What a slot holds: 'float32' / 'float16' / 'bfloat16', or 'N-bit'."""
-        return f"{self.bits}-bit" if self.bits else str(self.dtype).replace("torch.", "")
+        return slot_format(self.dtype, self.bits)
 
-    def load_state_dict(self, sd: dict) -> None:
+    def load_state_dict(self, sd: dict, settle: bool = True) -> None:
+        """settle=False: this cache was built just now (no copies in flight to wait for)."""
         if tuple(sd["sample_shape"]) != self.sample_shape:
             raise ValueError(f"cache state is for samples {tuple(sd['sample_shape'])}, "
                              f"this cache holds {self.sample_shape}")
-        if sd.get("format", self._format) != self._format:
-            raise ValueError(f"cache state holds {sd['format']} values, this cache "
-                             f"{self._format}; resume with the --activation-cache-dtype / "
-                             f"--forward-bits-act the checkpoint was written with")
+        check_format(sd, self._format)
         entries = sd["entries"]
         if entries.shape[0] > self.capacity or sd["data"].shape[1] != self.slot_bytes:
             raise ValueError("cache state does not fit this cache's capacity or format")
         slots = sorted(entries[:, 1].tolist())
         if slots != list(range(len(slots))):
             raise ValueError("cache state's slots are not 0..k-1")
-        self._settle()
+        if settle:
+            self._settle()
         self.data.zero_()
         self.slots = OrderedDict((int(i), int(s)) for i, s in entries.tolist())  # LRU order kept
         if slots:
             self.data[entries[:, 1].to(self.data.device)] = sd["data"].to(self.data.device)
         self.evictions = int(sd.get("evictions", 0))
+
+
+def slot_format(dtype, bits) -> str:
+    """What a cache slot holds: 'float32' / 'float16' / 'bfloat16', or 'N-bit'."""
+    return f"{bits}-bit" if bits else str(parse_dtype(dtype)).replace("torch.", "")
+
+
+def check_format(sd: dict, want: str) -> None:
+    if sd.get("format", want) != want:
+        raise ValueError(f"cache state holds {sd['format']} values, this cache "
+                         f"{want}; resume with the --activation-cache-dtype / "
+                         f"--forward-bits-act the checkpoint was written with")
 
 
 @register("delta")
@@ -327,6 +337,8 @@ class DeltaCodec(Codec):
         self.cache_args = dict(capacity=capacity, dtype=cache_dtype, storage=storage,
                                bits=bits_act, ram_limit_bytes=ram_limit_bytes, scheme=scheme)
         self.cache: ActivationCache | None = None
+        self.device = device
+        self._pending_cache: dict | None = None   # loaded before the cache's device was known
         if sample_shape is not None:
             self.cache = ActivationCache(sample_shape=sample_shape, device=device,
                                          **self.cache_args)
@@ -341,6 +353,9 @@ class DeltaCodec(Codec):
         if self.cache is None:
             self.cache = ActivationCache(sample_shape=(shape[0], shape[2]), device=device,
                                          **self.cache_args)
+            if self._pending_cache is not None:   # a resumed cache lands where it serves
+                pending, self._pending_cache = self._pending_cache, None
+                self.cache.load_state_dict(pending, settle=False)
         if self.cache.device != _indexed(device):
             raise ValueError(f"the activation cache serves {self.cache.device}, this message is "
                              f"on {device}; build the codec with device={device}")
@@ -383,17 +398,25 @@ class DeltaCodec(Codec):
         cache.write(slots, x.float().transpose(0, 1))
 
     def state_dict(self):
-        return {"cache": None if self.cache is None else self.cache.state_dict(),
-                "first_sights": self.first_sights, "quantizer": self.q.state_dict()}
+        cache = self._pending_cache if self.cache is None else self.cache.state_dict()
+        return {"cache": cache, "first_sights": self.first_sights,
+                "quantizer": self.q.state_dict()}
 
     def load_state_dict(self, sd):
         self.first_sights = int(sd.get("first_sights", 0))
         self.q.load_state_dict(sd.get("quantizer", {}))
         if sd.get("cache") is None:
             return
-        if self.cache is None:  # built for the CPU; a GPU run builds it with device= first
+        if self.cache is None and self.device is None:
+            # the device is the first message's: build the cache there, then load (a cache
+            # built now would sit on the CPU and refuse a GPU's messages)
+            check_format(sd["cache"], slot_format(self.cache_args["dtype"],
+                                                  self.cache_args["bits"]))
+            self._pending_cache = sd["cache"]
+            return
+        if self.cache is None:
             self.cache = ActivationCache(sample_shape=sd["cache"]["sample_shape"],
-                                         **self.cache_args)
+                                         device=self.device, **self.cache_args)
         self.cache.load_state_dict(sd["cache"])
 
 
