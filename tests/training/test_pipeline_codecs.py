@@ -1,6 +1,7 @@
 """--activation-cache-dtype in the training loop (delta codec, pp 2, 2 ranks).
 
-- the flag reaches both link ends' caches, whose start-up line names the dtype and its bytes;
+- fp16 by default (as AC-SGD); the flag reaches both link ends' caches, whose start-up line
+  names the dtype and its bytes;
 - fp16 caches stay bit-identical between sender and receiver over several epochs;
 - resume with an fp16 cache in a memmap file (disk) is bit-exact against an uninterrupted run
   with the cache in RAM (same bits either way);
@@ -60,10 +61,10 @@ def _cache(trainer):
 def _worker(rank, world, corpus, root):
     import torch.distributed as dist
     from tests.training import runner
-    fp16 = {"activation-cache-dtype": "fp16"}
-    disk = {**fp16, "activation-cache-location": f"disk:{root}"}
-    out = {"fp32": runner._run(_argv(corpus), world, _cache),
-           "fp16": runner._run(_argv(corpus, **fp16), world, _cache),
+    disk = {"activation-cache-dtype": "fp16", "activation-cache-location": f"disk:{root}"}
+    out = {"fp32": runner._run(_argv(corpus, **{"activation-cache-dtype": "fp32"}), world,
+                               _cache),
+           "fp16": runner._run(_argv(corpus), world, _cache),   # the default
            "first": runner._run(_argv(corpus, **disk, save=f"{root}/ck",
                                       **{"exit-interval": 3}), world, _cache)}
     dist.barrier()
@@ -105,7 +106,7 @@ def test_fp16_cache_trains_like_fp32(job):
 
 
 @pytest.mark.parametrize("flags,needle", [
-    ({"forward-compress-method": "fixpoint", "activation-cache-dtype": "fp16"},
+    ({"forward-compress-method": "fixpoint", "activation-cache-dtype": "fp32"},
      "--activation-cache-dtype configures the delta codecs' activation cache"),
     ({"forward-compress-method": "delta-lowbits", "activation-cache-dtype": "bf16"},
      "delta-lowbits stores its cache at --forward-bits-act bits"),

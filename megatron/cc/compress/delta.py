@@ -280,7 +280,12 @@ class ActivationCache:
         check_format(sd, self._format)
         entries = sd["entries"]
         if entries.shape[0] > self.capacity or sd["data"].shape[1] != self.slot_bytes:
-            raise ValueError("cache state does not fit this cache's capacity or format")
+            raise ValueError(
+                f"cache state ({entries.shape[0]} samples of {sd['data'].shape[1]} bytes) does "
+                f"not fit this cache ({self.capacity} samples of {self.slot_bytes} bytes); "
+                f"resume with the --max-activation-cache-size / --activation-cache-dtype / "
+                f"--forward-bits-act the checkpoint was written with (before "
+                f"--activation-cache-dtype existed the cache was fp32)")
         slots = sorted(entries[:, 1].tolist())
         if slots != list(range(len(slots))):
             raise ValueError("cache state's slots are not 0..k-1")
