@@ -35,6 +35,13 @@ def lanes(granularity: str, g: int) -> int:
     return min(1 << max(0, (g - 1).bit_length()), LANES_MAX[layout(granularity)])
 
 
+def sqrt_rn(v: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded fp32 square root (the kernels' sqrt_rn): torch's CPU float sqrt is
+    not (measured: ~17% of random inputs one ulp off); fp64 then fp32 is (p = 53 >= 2 * 24 + 2,
+    so the double rounding is innocuous)."""
+    return v.double().sqrt().float()
+
+
 def tree_sum(v: torch.Tensor) -> torch.Tensor:
     """(G, N) -> (G,), N a power of two: adjacent pairs, level by level."""
     while v.shape[1] > 1:
@@ -72,7 +79,7 @@ def mean_scales(x, bits, granularity, group_size, scale_dtype, scheme) -> torch.
     count = valid.sum(dim=1).float()
     term = xg * xg if scheme == "seed" else xg.abs()
     s = lane_sum(torch.where(valid, term, 0.0), L) / count
-    return quant.store_scale(s.sqrt() if scheme == "seed" else s, scale_dtype)
+    return quant.store_scale(sqrt_rn(s) if scheme == "seed" else s, scale_dtype)
 
 
 def fit_scales(x, bits, granularity, group_size, scale_dtype) -> torch.Tensor:
@@ -120,3 +127,27 @@ def group_scales(x, bits, granularity, group_size, scale_dtype, scheme) -> torch
     if bits == 1:
         return mean_scales(x, bits, granularity, group_size, scale_dtype, scheme)
     return fit_scales(x, bits, granularity, group_size, scale_dtype)
+
+
+def column_sums(v: torch.Tensor, L: int) -> torch.Tensor:
+    """Sum over the rows of v (n, r), per column, in the kernels' order: (r,)."""
+    return lane_sum(v.t(), L)
+
+
+def orthogonalize_(p: torch.Tensor, eps: float = 1e-8, passes: int = 2) -> torch.Tensor:
+    """lowrank.orthogonalize_ (Gram-Schmidt, `passes` passes, relative norm floor) on a 2-D
+    fp32 p (n, r), with every sum over the n rows (norms, projections) in the kernels' order
+    (lanes("channel", n)); the twin of kernels/lowrank.py."""
+    n, r = p.shape
+    L = lanes("channel", n)
+    for _ in range(passes):
+        scale = sqrt_rn(column_sums(p * p, L)).amax()
+        floor = torch.where(scale > 0, eps * scale, torch.full_like(scale, eps))
+        for i in range(r):
+            col = p[:, i]
+            col.div_(torch.maximum(sqrt_rn(column_sums((col * col)[:, None], L))[0], floor))
+            if i + 1 < r:
+                rest = p[:, i + 1:]
+                dots = column_sums(col[:, None] * rest, L)
+                rest.sub_(col[:, None] * dots[None, :])
+    return p

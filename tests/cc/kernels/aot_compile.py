@@ -12,7 +12,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from megatron.cc.kernels import fixpoint, tah
+from megatron.cc.kernels import fixpoint, lowrank, tah
 
 TARGET = GPUTarget("cuda", 90, 32)
 F, I = "fp32", "i32"
@@ -68,6 +68,9 @@ def tah_decode(t, out):
 
 
 SPECS = {
+    "lowrank.gram_schmidt[r16]": (lowrank._gram_schmidt_kernel,
+                                  dict(p_ptr="*fp32", N=I, R=I, EPS=F, passes=I),
+                                  dict(BR=64, LOGBR=6, RP=16)),
     "tah.tiles[t64]": tah_tiles(64),
     "tah.tiles[t2]": tah_tiles(2),
     "tah.pack_rows[3b]": tah_pack_rows(),

@@ -1,0 +1,90 @@
+"""Gram-Schmidt of the lowrank codec (compress/lowrank.py orthogonalize_) in one launch.
+
+The eager version is ~7 small launches per column and pass (norm, floor, divide, two matmuls,
+subtract): at rank 16 and two passes over P and Q, ~450 launches per message. Here one program
+per matrix sweeps the rows twice per column (divide column i and its dot products with the
+later columns; subtract the projections and sum the squares of column i + 1), from L2.
+
+Sums over the n rows (norms, dot products) follow kernels/group_sums.py's order (lane l of
+L = lanes("channel", n) adds rows c * L + l, then a pairwise tree); group_sums.orthogonalize_
+is the torch twin the kernel equals bit for bit. Against lowrank.orthogonalize_ (BLAS order)
+the result differs by rounding only.
+
+Not wired into compress/lowrank.py (owned elsewhere): for a CUDA fp32 contiguous p (n, r),
+    kernels.lowrank.orthogonalize_(p, eps)   replaces   lowrank.orthogonalize_(p, eps)
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import group_sums
+from .dispatch import LAUNCH, next_pow2
+from .primitives import tree_sum
+
+
+@triton.jit
+def _column(tile, cols, i):
+    """Column i of a (BR, RP) tile, exactly (a max over -inf keeps signed zeros)."""
+    return tl.max(tl.where(cols[None, :] == i, tile, -float("inf")), axis=1)
+
+
+@triton.jit
+def _gram_schmidt_kernel(p_ptr, N, R, EPS, passes,
+                         BR: tl.constexpr, LOGBR: tl.constexpr, RP: tl.constexpr):
+    rows = tl.arange(0, BR)
+    cols = tl.arange(0, RP)
+    cm = cols < R
+    for _ in range(passes):
+        sq = tl.zeros((BR, RP), tl.float32)            # squares of every column
+        for c in range(tl.cdiv(N, BR)):
+            r = c * BR + rows
+            m = (r < N)[:, None] & cm[None, :]
+            t = tl.load(p_ptr + r[:, None].to(tl.int64) * R + cols[None, :], mask=m, other=0.0)
+            sq = sq + t * t
+        norms = tl.sqrt_rn(tree_sum(tl.trans(sq), BR, LOGBR))
+        scale = tl.max(tl.where(cm, norms, 0.0), axis=0)
+        floor = tl.where(scale > 0, EPS * scale, EPS)
+        norm_i = tl.max(tl.where(cols == 0, norms, -float("inf")), axis=0)
+        for i in range(R):
+            d = tl.maximum(norm_i, floor)
+            later = cm & (cols > i)
+            dots = tl.zeros((BR, RP), tl.float32)       # sweep 1: column i . later columns
+            for c in range(tl.cdiv(N, BR)):
+                r = c * BR + rows
+                m = (r < N)[:, None] & cm[None, :]
+                t = tl.load(p_ptr + r[:, None].to(tl.int64) * R + cols[None, :], mask=m,
+                            other=0.0)
+                col = tl.math.div_rn(_column(t, cols, i), d)
+                dots = dots + tl.where(later[None, :] & m, col[:, None] * t, 0.0)
+            proj = tree_sum(tl.trans(dots), BR, LOGBR)
+            tl.debug_barrier()
+            sq = tl.zeros((BR, RP), tl.float32)         # sweep 2: write, and norm of i + 1
+            for c in range(tl.cdiv(N, BR)):
+                r = c * BR + rows
+                m = (r < N)[:, None] & cm[None, :]
+                ptr = p_ptr + r[:, None].to(tl.int64) * R + cols[None, :]
+                t = tl.load(ptr, mask=m, other=0.0)
+                col = tl.math.div_rn(_column(t, cols, i), d)
+                t = tl.where(later[None, :], t - col[:, None] * proj[None, :], t)
+                t = tl.where(cols[None, :] == i, col[:, None], t)
+                tl.store(ptr, t, mask=m)
+                sq = sq + tl.where((cols[None, :] == i + 1) & m, t * t, 0.0)
+            norm_i = tl.sqrt_rn(tl.max(tl.where(cols == i + 1, tree_sum(tl.trans(sq), BR, LOGBR),
+                                                -float("inf")), axis=0))
+            tl.debug_barrier()
+
+
+def orthogonalize_(p: torch.Tensor, eps: float = 1e-8, passes: int = 2) -> torch.Tensor:
+    """lowrank.orthogonalize_ for a 2-D fp32 contiguous p (n, r), in place; returns p."""
+    if p.dim() != 2 or p.dtype != torch.float32 or not p.is_contiguous():
+        raise ValueError(f"orthogonalize_ kernel takes a contiguous fp32 (n, r) matrix, got "
+                         f"{p.dtype} {tuple(p.shape)}")
+    n, r = p.shape
+    if n == 0 or r == 0:
+        return p
+    L = group_sums.lanes("channel", n)
+    _gram_schmidt_kernel[(1,)](p, n, r, float(eps), passes, BR=L, LOGBR=L.bit_length() - 1,
+                               RP=next_pow2(r), **LAUNCH)
+    return p

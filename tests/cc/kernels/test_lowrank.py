@@ -1,0 +1,46 @@
+"""Gram-Schmidt kernel (megatron/cc/kernels/lowrank.py) under Triton's interpreter: bit-identical
+to its torch twin (group_sums.orthogonalize_, the kernels' summation order), which agrees with
+the codec's lowrank.orthogonalize_ up to rounding."""
+import pytest
+import torch
+
+from megatron.cc.compress import lowrank
+from megatron.cc.kernels import group_sums
+from tests.cc.kernels.interpret import kernels
+
+kl = kernels("lowrank")
+
+
+def matrix(n, r, rank=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if rank is None:
+        return torch.randn(n, r, generator=g) * torch.logspace(0, -4, r)
+    return torch.randn(n, rank, generator=g) @ torch.randn(rank, r, generator=g)
+
+
+CASES = [("tall", matrix(200, 16, seed=1)),          # 4 row chunks of 64, the last partial
+         ("small", matrix(37, 5, seed=2)),           # one chunk of 64 lanes, 27 empty
+         ("rank2of6", matrix(90, 6, rank=2, seed=3)),  # columns past the rank: rounding noise
+         ("zero-col", torch.cat([matrix(50, 3, seed=4), torch.zeros(50, 1)], dim=1)),
+         ("tiny", matrix(70, 4, seed=5) * 1e-20)]
+
+
+@pytest.mark.parametrize("p", [c[1] for c in CASES], ids=[c[0] for c in CASES])
+def test_bit_identical_to_twin_and_close_to_codec(p):
+    got = kl.orthogonalize_(p.clone(), 1e-8)
+    twin = group_sums.orthogonalize_(p.clone(), 1e-8)
+    assert torch.equal(got.view(torch.int32), twin.view(torch.int32))
+    ref = lowrank.orthogonalize_(p.clone(), 1e-8)
+    if torch.linalg.matrix_rank(p.double(), rtol=1e-5) == p.shape[1]:
+        # full rank: orthonormal columns, the codec's up to rounding
+        assert torch.allclose(got.t() @ got, torch.eye(p.shape[1]), atol=1e-5)
+        assert torch.allclose(got, ref, atol=1e-4, rtol=0)
+    else:
+        # columns past the rank are rounding noise in any order: compare what P P^T keeps
+        for q in (got, ref):
+            assert torch.allclose(q @ (q.t() @ p), p, atol=1e-4 * float(p.abs().max()))
+
+
+def test_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="contiguous fp32"):
+        kl.orthogonalize_(torch.randn(8, 3).t(), 1e-8)
