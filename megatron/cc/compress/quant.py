@@ -8,18 +8,21 @@ stream is padded with zero bits to a whole byte. `numel` codes cost exactly
     packed_nbytes(numel, n) = ceil(numel * n / 8) bytes.
 
 Quantisation (one 16-bit scale S per group, every one of the 2^b codes used), by `scheme`:
-    "fitted" (ours, the default): mid-rise symmetric grid, levels +-(k + 1/2) * step for
-            k < 2^(b-1), outermost level S, step = 2 S / (2^b - 1); S chosen per group to
-            minimise the group's squared error: the best of a geometric ladder of clipping
-            ratios of max|x| (ratio 1 included, so never worse than "absmax"), then two
-            least-squares refits of the step on the chosen codes. 1 bit: S = mean|x| of the
-            group, the exact optimum of a sign quantiser.
+    "fitted" (ours, the default): per group, the grid and scale S with the least squared
+            error: the mid-rise symmetric grid (levels +-(k + 1/2) * step for k < 2^(b-1),
+            outermost level S, step = 2 S / (2^b - 1)) or the mid-tread grid of "seed" (an
+            exact zero level, which gradients with exact zeros want at high bits), each with
+            the best of a ladder of clipping ratios of max|x| (ratio 1 included, so never
+            worse than "absmax" or "seed") refined by three least-squares refits of the
+            step on the chosen codes. A mid-tread group stores -S: the sign bit of the
+            16-bit scale, otherwise unused, carries the choice at no cost in bytes.
+            1 bit: S = mean|x| of the group, the exact optimum of a sign quantiser.
     "absmax": the same grid with S = max|x| (nothing clipped: |x - x_hat| <= step / 2).
     "seed":  the seeds' grid (AC-SGD, CocktailSGD): mid-tread, codes -2^(b-1) .. 2^(b-1) - 1
             times step = S / 2^(b-1), S = max|x| (the top code clips +S by one step);
             1 bit: sign times the group's RMS (CocktailSGD's 1-bit buckets).
-    In every scheme x_hat = (code - c0) * step, step = S / lps, code = round(x / step + c0)
-    clamped to [0, 2^b - 1], with (c0, lps) from `grid(bits, scheme)`. S is stored in 16
+    In every scheme x_hat = (code - c0) * step, step = |S| / lps, code = round(x / step + c0)
+    clamped to [0, 2^b - 1], with (c0, lps) from `group_grid(scales, bits, scheme)`. S is stored in 16
     bits (float16 by default, bfloat16 option), rounded UP to the next representable value
     (float16 saturates at 65504). Round to nearest (ties to even); stochastic rounding
     (unbiased, from a seeded torch.Generator) keeps S = max|x| in every scheme, since a
@@ -178,18 +181,35 @@ def _check_scheme(scheme: str) -> None:
         raise ValueError(f"quantisation scheme must be one of {SCHEMES}, got {scheme!r}")
 
 
-def grid(bits: int, scheme: str = "fitted") -> tuple[float, float]:
-    """(c0, lps): x_hat = (code - c0) * step with step = scale / lps."""
-    if scheme == "seed" and bits > 1:
+def _grid_params(bits: int, midtread: bool) -> tuple[float, float]:
+    if midtread and bits > 1:
         half = float(1 << (bits - 1))
         return half, half            # mid-tread: codes -2^(b-1) .. 2^(b-1)-1 around c0
     half_span = ((1 << bits) - 1) / 2
     return half_span, half_span      # mid-rise: outermost level = scale
 
 
+def grid(bits: int, scheme: str = "fitted") -> tuple[float, float]:
+    """(c0, lps) of the scheme's grid: x_hat = (code - c0) * step, step = |scale| / lps.
+    "fitted" groups whose stored scale is negative use the mid-tread grid instead
+    (`group_grid`)."""
+    return _grid_params(bits, scheme == "seed")
+
+
+def group_grid(scales: torch.Tensor, bits: int, scheme: str = "fitted"):
+    """(c0, lps) per group, fp32 tensors shaped like `scales` ("fitted": the sign bit of the
+    stored scale picks mid-tread), or floats where the scheme has one grid."""
+    if scheme != "fitted" or bits == 1:
+        return grid(bits, scheme)
+    rise, tread = _grid_params(bits, False), _grid_params(bits, True)
+    neg = scales < 0
+    c0 = torch.where(neg, tread[0], rise[0]).float()
+    return c0, c0.clone()   # c0 == lps on both grids
+
+
 def quant_step(scales: torch.Tensor, bits: int, scheme: str = "fitted") -> torch.Tensor:
     """Quantisation step (fp32) for each stored scale."""
-    return scales.float() / grid(bits, scheme)[1]
+    return scales.float().abs() / group_grid(scales, bits, scheme)[1]
 
 
 def quantize(x: torch.Tensor, bits: int, granularity: str = "channel", group_size: int = 128,
@@ -230,38 +250,45 @@ def group_scales(x: torch.Tensor, bits: int, granularity: str, group_size: int =
 
 def _fit_scales(xg: torch.Tensor, red: int, bits: int, scale_dtype,
                 valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-group S minimising sum (x - x_hat)^2 on the mid-rise grid (see module docstring),
-    over the entries where `valid` is 1. Candidates are compared with a select, never a host
-    read."""
-    c0, lps = grid(bits, "fitted")
+    """Per-group S minimising sum (x - x_hat)^2 (module docstring) over the entries where
+    `valid` is 1, on the mid-rise grid and on the mid-tread grid; a mid-tread winner is stored
+    negated. Candidates are compared with a select, never a host read."""
     qmax = (1 << bits) - 1
     amax = torch.maximum(xg.amin(dim=red, keepdim=True).neg(), xg.amax(dim=red, keepdim=True))
+    best_s = best_err = None
+    for midtread in (False, True):
+        c0, lps = _grid_params(bits, midtread)
 
-    def err_and_codes(s_stored):
-        step = s_stored.float() / lps
-        step = torch.where(step > 0, step, torch.ones_like(step))
-        k = (xg / step + c0).round_().clamp_(0, qmax).sub_(c0)   # signed level index
-        if valid is not None:
-            k.mul_(valid)  # padding: level index 0, so it adds nothing to the fit
-        return (xg - k * step).square_().sum(dim=red, keepdim=True), k
+        def err_and_codes(s_stored):
+            step = s_stored.float() / lps
+            step = torch.where(step > 0, step, torch.ones_like(step))
+            k = (xg / step + c0).round_().clamp_(0, qmax).sub_(c0)   # signed level index
+            if valid is not None:
+                k.mul_(valid)  # padding: level index 0, so it adds nothing to the fit
+            return (xg - k * step).square_().sum(dim=red, keepdim=True), k
 
-    best_s = store_scale(amax, scale_dtype)
-    best_err, best_k = err_and_codes(best_s)
-    for ratio in _FIT_RATIOS[1:]:
-        s = store_scale(amax * ratio, scale_dtype)
-        err, k = err_and_codes(s)
-        better = err < best_err
-        best_s, best_err = torch.where(better, s, best_s), torch.where(better, err, best_err)
-        best_k = torch.where(better, k, best_k)
-    for _ in range(_FIT_REFITS):  # least-squares step for the codes chosen so far
-        num = (xg * best_k).sum(dim=red, keepdim=True)
-        den = best_k.square().sum(dim=red, keepdim=True)
-        step = torch.where(den > 0, num / den.clamp_min(1), torch.zeros_like(num))
-        s = store_scale(step.clamp_min(0) * lps, scale_dtype)
-        err, k = err_and_codes(s)
-        better = err < best_err
-        best_s, best_err = torch.where(better, s, best_s), torch.where(better, err, best_err)
-        best_k = torch.where(better, k, best_k)
+        grid_s = store_scale(amax, scale_dtype)
+        grid_err, grid_k = err_and_codes(grid_s)
+        for ratio in _FIT_RATIOS[1:]:
+            s = store_scale(amax * ratio, scale_dtype)
+            err, k = err_and_codes(s)
+            better = err < grid_err
+            grid_s, grid_err = torch.where(better, s, grid_s), torch.where(better, err, grid_err)
+            grid_k = torch.where(better, k, grid_k)
+        for _ in range(_FIT_REFITS):  # least-squares step for the codes chosen so far
+            num = (xg * grid_k).sum(dim=red, keepdim=True)
+            den = grid_k.square().sum(dim=red, keepdim=True)
+            step = torch.where(den > 0, num / den.clamp_min(1e-30), torch.zeros_like(num))
+            s = store_scale(step.clamp_min(0) * lps, scale_dtype)
+            err, k = err_and_codes(s)
+            better = err < grid_err
+            grid_s, grid_err = torch.where(better, s, grid_s), torch.where(better, err, grid_err)
+            grid_k = torch.where(better, k, grid_k)
+        if best_s is None:
+            best_s, best_err = grid_s, grid_err
+        else:  # strictly better only: ties keep the symmetric grid
+            better = grid_err < best_err
+            best_s = torch.where(better, grid_s.neg(), best_s)
     return best_s.reshape(-1)
 
 
@@ -280,9 +307,9 @@ def quantize_with_scales(x: torch.Tensor, scales: torch.Tensor, bits: int, granu
     xg, red = _to_groups(x.float(), granularity, group_size)
     step = quant_step(scales, bits, scheme).view(_scale_view(xg, red))
     step = torch.where(step > 0, step, torch.ones_like(step))
-    c0, _ = grid(bits, scheme)
+    c0 = group_grid(scales, bits, scheme)[0]
     v = xg / step
-    v += c0
+    v += c0 if isinstance(c0, float) else c0.view(_scale_view(xg, red))
     if generator is None:
         v.round_()
     else:
@@ -296,10 +323,9 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, bits: int, shape,
                granularity: str = "channel", group_size: int = 128,
                dtype: torch.dtype = torch.float32, scheme: str = "fitted") -> torch.Tensor:
     """x_hat = (code - c0) * step, as a tensor of `shape` and `dtype` (math in fp32)."""
-    c0, _ = grid(bits, scheme)
-    v = codes.reshape(shape).float()
-    v -= c0
-    vg, red = _to_groups(v, granularity, group_size)
+    c0 = group_grid(scales, bits, scheme)[0]
+    vg, red = _to_groups(codes.reshape(shape).float(), granularity, group_size)
+    vg -= c0 if isinstance(c0, float) else c0.view(_scale_view(vg, red))
     vg.mul_(quant_step(scales, bits, scheme).view(_scale_view(vg, red)))  # our own buffer
     return _from_groups(vg, granularity, shape).to(dtype)
 
