@@ -193,6 +193,28 @@ def other_rows(name: str, x: torch.Tensor, kind: str) -> list:
     return rows
 
 
+def cache_layout_lines(acts: torch.Tensor) -> list:
+    """delta-lowbits' cache quantiser: one scale per (sample, token) row (ours) against one
+    per (sample, channel) (AC-SGD), same bytes when seq == hidden; relative MSE."""
+    from megatron.cc.compress.quant import dequantize, quantize
+    x = acts.transpose(0, 1).contiguous()          # (B, S, H): one cached sample per row
+    b_, s_, h_ = x.shape
+    out = []
+    for bits in (4, 8):
+        for scheme in ("seed", "fitted"):
+            c, sc = quantize(x, bits, "tile", h_, scheme=scheme)
+            tok = rel_mse(x, dequantize(c, sc, bits, x.shape, "tile", h_, scheme=scheme))
+            per_ch = []
+            for i in range(b_):
+                c, sc = quantize(x[i], bits, "channel", scheme=scheme)
+                per_ch.append(dequantize(c, sc, bits, x[i].shape, "channel", scheme=scheme))
+            ch = rel_mse(x, torch.stack(per_ch))
+            out.append(f"- delta-lowbits cache, {bits} bits, {scheme} grid: rel. MSE per "
+                       f"(sample, token) {tok:.3g} vs per (sample, channel) {ch:.3g} "
+                       f"(scales {s_} vs {h_} per sample)")
+    return out
+
+
 def lowrank_sequence_rows() -> list:
     """(c): CB with LEP, rank 16, per message: relative error of M + E against the rank-16 SVD
     floor of M + E (the seed orthogonalises Q, and so do we: both reach the floor)."""
@@ -312,12 +334,15 @@ def main(argv=None) -> int:
                     f"bench/bench_activation_compression.py first (it trains the base model), "
                     f"give --checkpoint/--corpus, or pass --no-real")
         acts, grads = capture_real(a.checkpoint, corpus, a.batches)
+        extra = cache_layout_lines(acts)
         rows += scalar_rows("(b) activations", acts, "act", lm)
         rows += other_rows("(b) activations", acts, "act")
         rows += scalar_rows("(b) activation gradients", grads, "grad", lm)
         rows += other_rows("(b) activation gradients", grads, "grad")
+    else:
+        extra = []
     seq = lowrank_sequence_rows()
-    lines = table(rows) + [""] + verdicts(rows, seq)
+    lines = table(rows) + [""] + verdicts(rows, seq) + extra
     print("\n".join(lines))
     print("Lloyd-Max relative MSE (N(0,1)): " +
           ", ".join(f"{b}b {v:.4g}" for b, v in lm.items()))
