@@ -34,6 +34,7 @@ from .primitives import (bf16_bits, pack_groups, round_half_even, scale_value,
 GRAN = {"tensor": 0, "channel": 1, "bucket": 2, "tile": 3}
 ABSMAX, MEAN_ABS, RMS, FIT = 0, 1, 2, 3
 SEG_BLOCK = 2048      # values per program and chunk in the group kernel
+DEN_MIN = tl.constexpr(1e-30)   # quant._fit_scales: num / den.clamp_min(1e-30)
 CODE_BLOCK = 256      # 8-code groups per program in the elementwise kernels (2048 values)
 
 
@@ -76,7 +77,7 @@ def _err(x_ptr, base, lim, gmask, s, G, ESTRIDE, C0, LPS, QMAX,
 
 @triton.jit
 def _group_scale_kernel(x_ptr, out_ptr, ratio_ptr, n_ratios, refits,
-                        NG, G, ROWLEN, NT, ESTRIDE, C0, LPS, QMAX,
+                        NG, G, ROWLEN, NT, ESTRIDE, C0, LPS, C0T, LPST, QMAX,
                         MODE: tl.constexpr, COL: tl.constexpr, RAW: tl.constexpr,
                         BF16: tl.constexpr, GB: tl.constexpr, L: tl.constexpr,
                         LOGL: tl.constexpr):
@@ -100,31 +101,39 @@ def _group_scale_kernel(x_ptr, out_ptr, ratio_ptr, n_ratios, refits,
         for c in range(tl.cdiv(G, L)):
             x, cnt = _chunk(x_ptr, base, lim, gmask, c, G, ESTRIDE, L)
             m = tl.maximum(m, tl.max(tl.abs(x), axis=1))
-        best = tl.zeros((GB,), tl.int32)
-        best_err = tl.zeros((GB,), tl.float32)
-        # candidates: max|x| * ratio (ratio_ptr[0] = 1: max|x| itself), then the refits
-        for ci in range(n_ratios + refits):
-            if ci < n_ratios:
-                cand = store_scale_bits(m * tl.load(ratio_ptr + ci), BF16)
-            else:    # least-squares step on the best candidate's codes
-                step = _step(scale_value(best, BF16), LPS)
-                num = tl.zeros((GB, L), tl.float32)
-                den = tl.zeros((GB, L), tl.float32)
-                for c in range(tl.cdiv(G, L)):
-                    x, cnt = _chunk(x_ptr, base, lim, gmask, c, G, ESTRIDE, L)
-                    k = _levels(x, step, C0, QMAX)
-                    num = num + tl.where(cnt, x * k, 0.0)
-                    den = den + tl.where(cnt, k * k, 0.0)
-                num = tree_sum(num, L, LOGL)
-                den = tree_sum(den, L, LOGL)
-                fit = tl.where(den > 0, tl.math.div_rn(num, tl.maximum(den, 1.0)), 0.0)
-                cand = store_scale_bits(tl.where(fit < 0, 0.0, fit) * LPS, BF16)
-            e = _err(x_ptr, base, lim, gmask, scale_value(cand, BF16), G, ESTRIDE, C0, LPS,
-                     QMAX, GB, L, LOGL)
-            better = (e < best_err) | (ci == 0)   # the first candidate is taken as it is
-            best = tl.where(better, cand, best)
-            best_err = tl.where(better, e, best_err)
-        s = best   # bit pattern already
+        s = tl.zeros((GB,), tl.int32)
+        s_err = tl.zeros((GB,), tl.float32)
+        for grid in range(2):   # mid-rise, then mid-tread (stored with the sign bit set)
+            c0 = tl.where(grid == 0, C0, C0T)
+            lps = tl.where(grid == 0, LPS, LPST)
+            best = tl.zeros((GB,), tl.int32)
+            best_err = tl.zeros((GB,), tl.float32)
+            # candidates: max|x| * ratio (ratio_ptr[0] = 1: max|x| itself), then the refits
+            for ci in range(n_ratios + refits):
+                if ci < n_ratios:
+                    cand = store_scale_bits(m * tl.load(ratio_ptr + ci), BF16)
+                else:    # least-squares step on the best candidate's codes
+                    step = _step(scale_value(best, BF16), lps)
+                    num = tl.zeros((GB, L), tl.float32)
+                    den = tl.zeros((GB, L), tl.float32)
+                    for c in range(tl.cdiv(G, L)):
+                        x, cnt = _chunk(x_ptr, base, lim, gmask, c, G, ESTRIDE, L)
+                        k = _levels(x, step, c0, QMAX)
+                        num = num + tl.where(cnt, x * k, 0.0)
+                        den = den + tl.where(cnt, k * k, 0.0)
+                    num = tree_sum(num, L, LOGL)
+                    den = tree_sum(den, L, LOGL)
+                    fit = tl.where(den > 0, tl.math.div_rn(num, tl.maximum(den, DEN_MIN)), 0.0)
+                    cand = store_scale_bits(tl.where(fit < 0, 0.0, fit) * lps, BF16)
+                e = _err(x_ptr, base, lim, gmask, scale_value(cand, BF16), G, ESTRIDE, c0, lps,
+                         QMAX, GB, L, LOGL)
+                better = (e < best_err) | (ci == 0)   # the first candidate is taken as it is
+                best = tl.where(better, cand, best)
+                best_err = tl.where(better, e, best_err)
+            # mid-tread only when strictly better: ties keep the symmetric grid
+            take = (grid == 0) | (best_err < s_err)
+            s = tl.where(take, tl.where(grid == 0, best, best ^ 0x8000), s)
+            s_err = tl.where(take, best_err, s_err)
     else:              # 1 bit: mean |x| ("fitted") or RMS ("seed")
         acc = tl.zeros((GB, L), tl.float32)
         for c in range(tl.cdiv(G, L)):
@@ -138,7 +147,7 @@ def _group_scale_kernel(x_ptr, out_ptr, ratio_ptr, n_ratios, refits,
             s = tl.sqrt_rn(s)
     if RAW:
         tl.store(out_ptr + gi, s, mask=gmask)
-    elif MODE == 3:
+    elif MODE == 3:   # bit pattern already
         tl.store(out_ptr + gi, s.to(tl.int16), mask=gmask)
     else:
         tl.store(out_ptr + gi, store_scale_bits(s, BF16).to(tl.int16), mask=gmask)
@@ -158,6 +167,19 @@ def _ratios(device) -> tuple[torch.Tensor, int]:
 _RATIO_CACHE: dict = {}
 
 
+def _grids(bits: int, scheme: str) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((c0, lps) of a non-negative stored scale, (c0, lps) of a negative one): quant.group_grid
+    ("fitted" above 1 bit: the sign bit picks the mid-tread grid of "seed")."""
+    own = tuple(float(v) for v in quant.grid(bits, scheme))
+    if _signed(bits, scheme):
+        return own, tuple(float(v) for v in quant.grid(bits, "seed"))
+    return own, own
+
+
+def _signed(bits: int, scheme: str) -> bool:
+    return scheme == "fitted" and bits > 1
+
+
 def _group_view(shape, granularity: str, g: int) -> dict:
     """Groups of x (contiguous, `shape`) for the group kernel: count NG, size G, layout."""
     numel = math.prod(shape)
@@ -175,13 +197,13 @@ def _group_view(shape, granularity: str, g: int) -> dict:
 
 def _launch_group(x, out, mode, view, bits, scheme, scale_dtype, raw=False):
     L = group_sums.lanes("channel" if view["COL"] else "tensor", view["G"])
-    GB = 32 if view["COL"] else max(1, SEG_BLOCK // L)
+    # channels: 16 adjacent columns (64-byte row segments) per program, for more programs
+    GB = 16 if view["COL"] else max(1, SEG_BLOCK // L)
     ratios, n_ratios = _ratios(x.device)
-    c0, lps = quant.grid(bits, scheme)
+    (c0, lps), (c0t, lpst) = _grids(bits, scheme)
     _group_scale_kernel[(cdiv(view["NG"], GB),)](
         x, out, ratios, n_ratios, quant._FIT_REFITS, view["NG"], view["G"], view["ROWLEN"],
-        view["NT"], view["ESTRIDE"], float(c0), float(lps),
-        float((1 << bits) - 1),
+        view["NT"], view["ESTRIDE"], c0, lps, c0t, lpst, float((1 << bits) - 1),
         MODE=mode, COL=view["COL"], RAW=raw, BF16=scale_dtype == torch.bfloat16, GB=GB, L=L,
         LOGL=L.bit_length() - 1, **LAUNCH)
 
@@ -233,6 +255,17 @@ def _scale_index(i, C, G, NT, GRAN: tl.constexpr):
 
 
 @triton.jit
+def _grid(s, C0, LPS, C0T, LPST, SIGNED: tl.constexpr):
+    """(c0, step = |s| / lps) of stored scales s (quant.group_grid / quant_step): with SIGNED
+    ("fitted" above 1 bit) a negative scale selects the second grid (mid-tread)."""
+    if SIGNED:
+        neg = s < 0
+        return tl.where(neg, C0T, C0), tl.math.div_rn(tl.abs(s), tl.where(neg, LPST, LPS))
+    else:
+        return C0, tl.math.div_rn(tl.abs(s), LPS)
+
+
+@triton.jit
 def _offset3(i, D1, D2, S0, S1, S2):
     """Address offset of flat element i of a (D0, D1, D2) tensor with strides S0, S1, S2."""
     return (i // (D1 * D2)) * S0 + ((i // D2) % D1) * S1 + (i % D2) * S2
@@ -240,34 +273,35 @@ def _offset3(i, D1, D2, S0, S1, S2):
 
 @triton.jit
 def _quant_pack_kernel(x_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, N, NBYTES, C, G, NT,
-                       D1, D2, PS0, PS1, PS2, NS0, NS1, NS2, C0, LPS, QMAX,
+                       D1, D2, PS0, PS1, PS2, NS0, NS1, NS2, C0, LPS, C0T, LPST, QMAX,
                        GRAN: tl.constexpr, BITS: tl.constexpr, BF16: tl.constexpr,
-                       PREV: tl.constexpr, BLOCK: tl.constexpr, BP: tl.constexpr):
+                       SIGNED: tl.constexpr, PREV: tl.constexpr, BLOCK: tl.constexpr,
+                       BP: tl.constexpr):
     grp = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)   # 8-code groups
     j = tl.arange(0, 8)
     i = grp[:, None] * 8 + j[None, :]
     m = i < N
     x = tl.load(x_ptr + i, mask=m, other=0.0).to(tl.float32)
     s = scale_value(tl.load(s_ptr + _scale_index(i, C, G, NT, GRAN), mask=m, other=0), BF16)
-    raw_step = tl.math.div_rn(s, LPS)
+    c0, raw_step = _grid(s, C0, LPS, C0T, LPST, SIGNED)
     step = tl.where(raw_step > 0, raw_step, 1.0)
-    v = round_half_even(tl.math.div_rn(x, step) + C0)
+    v = round_half_even(tl.math.div_rn(x, step) + c0)
     v = tl.where(m, tl.minimum(tl.maximum(v, 0.0), QMAX), 0.0)   # pad codes are 0 bits
     k = tl.arange(0, BP)
     addr = grp[:, None] * BITS + k[None, :]
     tl.store(out_ptr + addr, pack_groups(v, BITS, BP), mask=(k[None, :] < BITS) & (addr < NBYTES))
     if PREV:   # delta codecs: new cache = prev + dequantize(code), as decode computes it
         prev = tl.load(prev_ptr + _offset3(i, D1, D2, PS0, PS1, PS2), mask=m, other=0.0)
-        tl.store(new_ptr + _offset3(i, D1, D2, NS0, NS1, NS2), prev + (v - C0) * raw_step,
+        tl.store(new_ptr + _offset3(i, D1, D2, NS0, NS1, NS2), prev + (v - c0) * raw_step,
                  mask=m)
 
 
 @triton.jit
 def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, prev_ptr, N, NBYTES, C, G, NT,
-                           D1, D2, PS0, PS1, PS2, C0, LPS,
+                           D1, D2, PS0, PS1, PS2, C0, LPS, C0T, LPST,
                            GRAN: tl.constexpr, BITS: tl.constexpr, BF16: tl.constexpr,
-                           OUT: tl.constexpr, PREV: tl.constexpr, BLOCK: tl.constexpr,
-                           BP: tl.constexpr):
+                           SIGNED: tl.constexpr, OUT: tl.constexpr, PREV: tl.constexpr,
+                           BLOCK: tl.constexpr, BP: tl.constexpr):
     grp = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     k = tl.arange(0, BP)
     addr = grp[:, None] * BITS + k[None, :]
@@ -278,7 +312,8 @@ def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, prev_ptr, N, NBYTES, C, G, NT,
     i = grp[:, None] * 8 + j[None, :]
     m = i < N
     s = scale_value(tl.load(s_ptr + _scale_index(i, C, G, NT, GRAN), mask=m, other=0), BF16)
-    val = (code.to(tl.float32) - C0) * tl.math.div_rn(s, LPS)
+    c0, step = _grid(s, C0, LPS, C0T, LPST, SIGNED)
+    val = (code.to(tl.float32) - c0) * step
     if PREV:
         val = tl.load(prev_ptr + _offset3(i, D1, D2, PS0, PS1, PS2), mask=m, other=0.0) + val
     if OUT == 0:
@@ -313,7 +348,7 @@ def quantize_pack(x, scales, bits, granularity, group_size=128, scheme="fitted",
     out = torch.empty(quant.packed_nbytes(n, bits), dtype=torch.uint8, device=x.device)
     if n == 0:
         return out
-    c0, lps = quant.grid(bits, scheme)
+    grids = _grids(bits, scheme)
     d1 = d2 = 1
     ps = ns = (0, 0, 0)
     if prev is not None:
@@ -322,9 +357,10 @@ def quantize_pack(x, scales, bits, granularity, group_size=128, scheme="fitted",
     _quant_pack_kernel[(cdiv(cdiv(n, 8), CODE_BLOCK),)](
         x, scales.view(torch.int16), out, prev if prev is not None else x,
         new if new is not None else x, n, out.numel(),
-        *_geometry(x.shape, granularity, group_size), d1, d2, *ps, *ns, float(c0), float(lps),
+        *_geometry(x.shape, granularity, group_size), d1, d2, *ps, *ns, *grids[0], *grids[1],
         float((1 << bits) - 1), GRAN=GRAN[granularity], BITS=bits,
-        BF16=scales.dtype == torch.bfloat16, PREV=prev is not None, BLOCK=CODE_BLOCK,
+        BF16=scales.dtype == torch.bfloat16, SIGNED=_signed(bits, scheme),
+        PREV=prev is not None, BLOCK=CODE_BLOCK,
         BP=next_pow2(bits), **LAUNCH)
     return out
 
@@ -343,7 +379,7 @@ def unpack_dequantize(packed, scales, bits, shape, granularity="channel", group_
     out = torch.empty(shape, dtype=dtype, device=packed.device)
     if n == 0:
         return out
-    c0, lps = quant.grid(bits, scheme)
+    grids = _grids(bits, scheme)
     d1 = d2 = 1
     ps = (0, 0, 0)
     if prev is not None:
@@ -353,8 +389,9 @@ def unpack_dequantize(packed, scales, bits, shape, granularity="channel", group_
     _unpack_dequant_kernel[(cdiv(cdiv(n, 8), CODE_BLOCK),)](
         packed.contiguous(), scales.view(torch.int16), out if kind < 2 else out.view(torch.int16),
         prev if prev is not None else out, n, packed.numel(),
-        *_geometry(shape, granularity, group_size), d1, d2, *ps, float(c0), float(lps),
-        GRAN=GRAN[granularity], BITS=bits, BF16=scales.dtype == torch.bfloat16, OUT=kind,
+        *_geometry(shape, granularity, group_size), d1, d2, *ps, *grids[0], *grids[1],
+        GRAN=GRAN[granularity], BITS=bits, BF16=scales.dtype == torch.bfloat16,
+        SIGNED=_signed(bits, scheme), OUT=kind,
         PREV=prev is not None, BLOCK=CODE_BLOCK, BP=next_pow2(bits), **LAUNCH)
     return out
 

@@ -83,40 +83,46 @@ def mean_scales(x, bits, granularity, group_size, scale_dtype, scheme) -> torch.
 
 
 def fit_scales(x, bits, granularity, group_size, scale_dtype) -> torch.Tensor:
-    """quant._fit_scales with the kernels' summation order (bits >= 2)."""
+    """quant._fit_scales with the kernels' summation order (bits >= 2): per grid (mid-rise,
+    then mid-tread) the ladder of clipping ratios and the least-squares refits; a mid-tread
+    winner (strictly better) is stored negated."""
     xg, valid = groups(x, granularity, group_size)
     L = lanes(granularity, xg.shape[1])
-    c0, lps = quant.grid(bits, "fitted")
     qmax = (1 << bits) - 1
     amax = xg.abs().amax(dim=1)
-
-    def levels(s):
-        step = s.float() / lps
-        step = torch.where(step > 0, step, torch.ones_like(step))[:, None]
-        return (xg / step + c0).round_().clamp_(0, qmax).sub_(c0), step
 
     def total(term):
         return lane_sum(torch.where(valid, term, 0.0), L)
 
-    def err(s):
-        k, step = levels(s)
-        return total((xg - k * step).square_())
+    best_s = best_err = None
+    for c0, lps in (quant.grid(bits, "absmax"), quant.grid(bits, "seed")):
+        def levels(s):
+            step = s.float() / lps
+            step = torch.where(step > 0, step, torch.ones_like(step))[:, None]
+            return (xg / step + c0).round_().clamp_(0, qmax).sub_(c0), step
 
-    def consider(s, best_s, best_err):
-        e = err(s)
-        better = e < best_err
-        return torch.where(better, s, best_s), torch.where(better, e, best_err)
+        def consider(s, grid_s, grid_err):
+            k, step = levels(s)
+            e = total((xg - k * step).square_())
+            if grid_s is None:
+                return s, e
+            better = e < grid_err
+            return torch.where(better, s, grid_s), torch.where(better, e, grid_err)
 
-    best_s = quant.store_scale(amax, scale_dtype)
-    best_err = err(best_s)
-    for ratio in quant._FIT_RATIOS[1:]:
-        best_s, best_err = consider(quant.store_scale(amax * ratio, scale_dtype), best_s, best_err)
-    for _ in range(quant._FIT_REFITS):
-        k, _ = levels(best_s)
-        num, den = total(xg * k), total(k * k)
-        step = torch.where(den > 0, num / den.clamp_min(1), torch.zeros_like(num))
-        s = quant.store_scale(step.clamp_min(0) * lps, scale_dtype)
-        best_s, best_err = consider(s, best_s, best_err)
+        grid_s, grid_err = consider(quant.store_scale(amax, scale_dtype), None, None)
+        for ratio in quant._FIT_RATIOS[1:]:
+            grid_s, grid_err = consider(quant.store_scale(amax * ratio, scale_dtype), grid_s,
+                                        grid_err)
+        for _ in range(quant._FIT_REFITS):
+            k, _ = levels(grid_s)
+            num, den = total(xg * k), total(k * k)
+            step = torch.where(den > 0, num / den.clamp_min(1e-30), torch.zeros_like(num))
+            grid_s, grid_err = consider(quant.store_scale(step.clamp_min(0) * lps, scale_dtype),
+                                        grid_s, grid_err)
+        if best_s is None:
+            best_s, best_err = grid_s, grid_err
+        else:   # strictly better only: ties keep the symmetric grid
+            best_s = torch.where(grid_err < best_err, grid_s.neg(), best_s)
     return best_s
 
 

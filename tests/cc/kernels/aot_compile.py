@@ -21,7 +21,7 @@ F, I = "fp32", "i32"
 def group(mode, **k):
     ptrs = dict(x_ptr="*bf16", out_ptr="*fp32" if k.get("RAW") else "*i16", ratio_ptr="*fp32")
     sig = dict(ptrs, n_ratios=I, refits=I, NG=I, G=I, ROWLEN=I, NT=I, ESTRIDE=I, C0=F, LPS=F,
-               QMAX=F)
+               C0T=F, LPST=F, QMAX=F)
     const = dict(MODE=mode, COL=False, RAW=False, BF16=False, GB=32, L=64, LOGL=6)
     const.update(k)
     return fixpoint._group_scale_kernel, sig, const
@@ -30,16 +30,16 @@ def group(mode, **k):
 def quant_pack(**k):
     sig = dict(x_ptr="*fp16", s_ptr="*i16", out_ptr="*u8", prev_ptr="*fp32", new_ptr="*fp32",
                N=I, NBYTES=I, C=I, G=I, NT=I, D1=I, D2=I, PS0=I, PS1=I, PS2=I, NS0=I, NS1=I,
-               NS2=I, C0=F, LPS=F, QMAX=F)
-    const = dict(GRAN=3, BITS=3, BF16=True, PREV=True, BLOCK=256, BP=4)
+               NS2=I, C0=F, LPS=F, C0T=F, LPST=F, QMAX=F)
+    const = dict(GRAN=3, BITS=3, BF16=True, SIGNED=True, PREV=True, BLOCK=256, BP=4)
     const.update(k)
     return fixpoint._quant_pack_kernel, sig, const
 
 
 def unpack(**k):
     sig = dict(p_ptr="*u8", s_ptr="*i16", out_ptr="*i16", prev_ptr="*fp32", N=I, NBYTES=I, C=I,
-               G=I, NT=I, D1=I, D2=I, PS0=I, PS1=I, PS2=I, C0=F, LPS=F)
-    const = dict(GRAN=2, BITS=5, BF16=False, OUT=2, PREV=True, BLOCK=256, BP=8)
+               G=I, NT=I, D1=I, D2=I, PS0=I, PS1=I, PS2=I, C0=F, LPS=F, C0T=F, LPST=F)
+    const = dict(GRAN=2, BITS=5, BF16=False, SIGNED=True, OUT=2, PREV=True, BLOCK=256, BP=8)
     const.update(k)
     return fixpoint._unpack_dequant_kernel, sig, const
 
@@ -80,10 +80,11 @@ SPECS = {
     "fixpoint.group_scale[mean|x|]": group(1, L=8, GB=256, LOGL=3),
     "fixpoint.group_scale[rms,channel]": group(2, COL=True),
     "fixpoint.quantize_pack[tile,3b,delta]": quant_pack(),
-    "fixpoint.quantize_pack[channel,8b]": quant_pack(GRAN=1, BITS=8, BF16=False, PREV=False,
-                                                     BP=8),
+    "fixpoint.quantize_pack[channel,8b]": quant_pack(GRAN=1, BITS=8, BF16=False, SIGNED=False,
+                                                     PREV=False, BP=8),
     "fixpoint.unpack_dequantize[bucket,5b,bf16,delta]": unpack(),
-    "fixpoint.unpack_dequantize[tile,1b,fp16]": unpack(GRAN=3, BITS=1, OUT=1, PREV=False, BP=1),
+    "fixpoint.unpack_dequantize[tile,1b,fp16]": unpack(GRAN=3, BITS=1, SIGNED=False, OUT=1,
+                                                       PREV=False, BP=1),
     "fixpoint.pack[7b]": (fixpoint._pack_kernel, dict(c_ptr="*u8", out_ptr="*u8", N=I, NBYTES=I),
                           dict(BITS=7, BP=8, BLOCK=256)),
     "fixpoint.unpack[1b]": (fixpoint._unpack_kernel, dict(p_ptr="*u8", out_ptr="*u8", N=I,
