@@ -229,8 +229,8 @@ def group_scales(x, bits, granularity, group_size=128, scale_dtype=torch.float16
     """quant.group_scales on the kernels (sums in group_sums' order)."""
     if scheme == "absmax" or (scheme == "seed" and bits > 1):
         return group_absmax_scales(x, granularity, group_size, scale_dtype)
-    if granularity == "tensor" or x.numel() == 0:
-        return group_sums.group_scales(x, bits, granularity, group_size, scale_dtype, scheme)
+    if granularity == "tensor" or x.numel() == 0:   # one group would be one program: eager
+        return quant.group_scales(x, bits, granularity, group_size, scale_dtype, scheme)
     x = x.contiguous()
     out = torch.empty(quant.num_scales(x.shape, granularity, group_size), dtype=scale_dtype,
                       device=x.device)

@@ -64,6 +64,15 @@ def test_tensor_absmax_in_two_stages():
 
 # (bits, granularity, group, scheme, shape): channel groups of 111 rows (two chunks of 64
 # lanes) and of 15; buckets of 600 (two chunks of 512) and of 5; tiles with a padded last one.
+def test_tensor_scales_that_need_a_sum_stay_eager():
+    """One "tensor" group would run as one program: fitted / 1-bit scales take the eager
+    reference (quant.group_scales) there, bit for bit."""
+    x = sample(SHAPES[0], seed=4)
+    for bits, scheme in ((3, "fitted"), (1, "fitted"), (1, "seed")):
+        ref = quant.group_scales(x, bits, "tensor", 1, torch.float16, scheme)
+        assert same_bits(fx.group_scales(x, bits, "tensor", 1, torch.float16, scheme), ref)
+
+
 SUM_CASES = [(2, "channel", 128, "fitted", SHAPES[1]), (3, "tile", 8, "fitted", SHAPES[0]),
              (4, "bucket", 5, "fitted", SHAPES[0]), (5, "bucket", 600, "fitted", SHAPES[1]),
              (8, "channel", 128, "fitted", SHAPES[0]), (1, "channel", 128, "fitted", SHAPES[1]),
