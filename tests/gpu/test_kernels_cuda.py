@@ -1,0 +1,75 @@
+"""The Triton kernels compiled for the GPU (megatron/cc/kernels) against the eager reference on
+the same GPU, bit for bit: what tests/cc/kernels checks under the interpreter on the CPU, here
+on real hardware (FMA contraction, division, conversions and layouts as the GPU executes them).
+Skipped without CUDA, and when the interpreter is on (run tests/gpu in a process of its own)."""
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") == "1",
+    reason="needs CUDA and compiled (not interpreted) Triton")
+
+DEV = "cuda"
+
+
+def sample(shape, dtype=torch.float32, seed=0):
+    from tests.cc.kernels.cases import sample as cpu_sample
+    return cpu_sample(shape, dtype, seed).to(DEV)
+
+
+@pytest.mark.parametrize("granularity,group", [("channel", 128), ("tile", 32), ("bucket", 128),
+                                               ("tensor", 1)])
+@pytest.mark.parametrize("bits", [1, 3, 4, 8])
+@pytest.mark.parametrize("scheme", ["fitted", "absmax", "seed"])
+def test_fixpoint(granularity, group, bits, scheme):
+    from megatron.cc.compress import fused, quant
+    from megatron.cc.kernels import fixpoint, group_sums
+    x = sample((96, 4, 333), torch.bfloat16, seed=bits)
+    packed, scales = fixpoint.encode(x, bits, granularity, group, torch.float16, scheme)
+    twin = (quant.group_scales if granularity == "tensor" else group_sums.group_scales)
+    assert torch.equal(scales, twin(x, bits, granularity, group, torch.float16, scheme))
+    codes = quant.quantize_with_scales(x, scales, bits, granularity, group, scheme=scheme)
+    assert torch.equal(packed, quant.pack_bits(codes, bits))
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        y = fixpoint.decode(packed, scales, bits, x.shape, granularity, group, dtype, scheme)
+        ref = fused.decode_eager(packed, scales, bits, x.shape, granularity, group, dtype, scheme)
+        assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8))
+
+
+def test_delta_step():
+    from megatron.cc.compress import get_codec, quant
+    from megatron.cc.kernels import delta, dispatch, group_sums
+    assert dispatch.enabled(torch.empty(1, device=DEV))
+    q = get_codec("fixpoint", bits=4)
+    x = sample((64, 4, 200), torch.bfloat16, seed=1)
+    prev = sample((4, 64, 200), seed=2).transpose(0, 1)
+    scales = group_sums.group_scales(x.float() - prev, 4, "channel", 128, torch.float16, "fitted")
+    codes = quant.quantize_with_scales(x.float() - prev, scales, 4, "channel")
+    new_ref = prev + quant.dequantize(codes, scales, 4, x.shape, "channel")
+    payload, new = delta.encode_update(x, prev.clone(), q)
+    assert torch.equal(payload[0], quant.pack_bits(codes, 4)) and torch.equal(new, new_ref)
+    assert torch.equal(delta.decode_update(payload, prev.clone(), q, x.shape), new_ref)
+
+
+@pytest.mark.parametrize("t", [2, 16, 64])
+def test_tah(t):
+    from megatron.cc.compress import get_codec
+    from megatron.cc.kernels import tah
+    codec = get_codec("tah", tile_size=t)
+    x = sample((128, 4, 300), torch.bfloat16, seed=t)
+    x.view(-1)[::7] *= 40
+    ref = codec.encode(x)
+    assert torch.equal(tah.encode(codec, x)[0], ref[0])
+    y = tah.decode(codec, ref, x.shape, torch.bfloat16)
+    y_ref = codec.decode(ref, x.shape, torch.bfloat16)
+    assert torch.equal(y.view(torch.uint8), y_ref.view(torch.uint8))
+
+
+def test_lowrank_gram_schmidt():
+    from megatron.cc.kernels import group_sums, lowrank
+    p = torch.randn(4096, 16, device=DEV) * torch.logspace(0, -4, 16, device=DEV)
+    got = lowrank.orthogonalize_(p.clone(), 1e-8)
+    assert torch.equal(got, group_sums.orthogonalize_(p.clone(), 1e-8))
+    assert torch.allclose(got.t() @ got, torch.eye(16, device=DEV), atol=1e-5)
