@@ -170,9 +170,12 @@ def store_scale(s: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
 
 
 SCHEMES = ("fitted", "absmax", "seed")
-# Clipping ratios of max|x| tried by "fitted": geometric, 1 down to 0.8^11 ~ 0.086 (heavy tails
-# want small ratios; near the optimum the error is flat, so a coarse ladder then a refit suffices).
-_FIT_RATIOS = tuple([1 - 0.025 * k for k in range(12)] + [0.7 * 0.8 ** k for k in range(10)])
+# Clipping ratios of max|x| tried by "fitted" on the mid-rise grid (heavy tails want small
+# ratios; near the optimum the error is flat, so a coarse ladder and least-squares refits
+# suffice), and on the mid-tread grid, which wins only at high bits where little is clipped.
+# Measured (bench_codec_fidelity.py): 22 + 22 ratios gave the same fidelity at 2.6x the time.
+_FIT_RATIOS = (1.0, 0.97, 0.93, 0.88, 0.82, 0.75, 0.67, 0.58, 0.48, 0.38, 0.28, 0.18, 0.1)
+_TREAD_RATIOS = (1.0, 0.98)
 _FIT_REFITS = 3
 
 
@@ -269,7 +272,7 @@ def _fit_scales(xg: torch.Tensor, red: int, bits: int, scale_dtype,
 
         grid_s = store_scale(amax, scale_dtype)
         grid_err, grid_k = err_and_codes(grid_s)
-        for ratio in _FIT_RATIOS[1:]:
+        for ratio in (_TREAD_RATIOS if midtread else _FIT_RATIOS)[1:]:
             s = store_scale(amax * ratio, scale_dtype)
             err, k = err_and_codes(s)
             better = err < grid_err
