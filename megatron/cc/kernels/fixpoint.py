@@ -2,14 +2,15 @@
 
     group_scales       one program per block of groups: max |x| ("absmax", "seed" b > 1), or
                        sum-based scales in group_sums' order: mean |x| / RMS (1 bit) and the
-                       "fitted" search (every candidate of quant._FIT_RATIOS, then
-                       quant._FIT_REFITS least-squares refits, looping over the group's
-                       values from L1/L2), with store_scale's round-up in the kernel
+                       "fitted" search (per grid, mid-rise then mid-tread: every candidate of
+                       its ladder of clipping ratios, then quant._FIT_REFITS least-squares
+                       refits, looping over the group's values from L1/L2; a mid-tread winner
+                       stored negated), with store_scale's round-up in the kernel
     quantize_pack      one pass: x / step + c0, round half even, clamp, 8 codes -> `bits` bytes
     unpack_dequantize  one pass: `bits` bytes -> 8 codes -> (code - c0) * step -> dtype
 
 The eager path is ~10 launches for quantise + pack, ~10 for unpack + dequantise and, for
-"fitted", ~25 candidate passes of ~8 launches each; here it is 1 + 1 + 1.
+"fitted", a pass of ~8 launches per candidate (two ladders and refits); here 1 + 1 + 1.
 
 Groups (quant.py): "channel" = columns of x viewed (rows, C); "bucket" = runs of g values of
 the flat x; "tile" = runs of g values inside each row; "tensor" = the whole x. Inputs are read
@@ -76,7 +77,7 @@ def _err(x_ptr, base, lim, gmask, s, G, ESTRIDE, C0, LPS, QMAX,
 
 
 @triton.jit
-def _group_scale_kernel(x_ptr, out_ptr, ratio_ptr, n_ratios, refits,
+def _group_scale_kernel(x_ptr, out_ptr, ratio_ptr, n_rise, n_tread, refits,
                         NG, G, ROWLEN, NT, ESTRIDE, C0, LPS, C0T, LPST, QMAX,
                         MODE: tl.constexpr, COL: tl.constexpr, RAW: tl.constexpr,
                         BF16: tl.constexpr, GB: tl.constexpr, L: tl.constexpr,
@@ -106,12 +107,14 @@ def _group_scale_kernel(x_ptr, out_ptr, ratio_ptr, n_ratios, refits,
         for grid in range(2):   # mid-rise, then mid-tread (stored with the sign bit set)
             c0 = tl.where(grid == 0, C0, C0T)
             lps = tl.where(grid == 0, LPS, LPST)
+            n_ratios = n_rise + (n_tread - n_rise) * grid   # this grid's ladder
+            first = n_rise * grid                           # ... and where it starts
             best = tl.zeros((GB,), tl.int32)
             best_err = tl.zeros((GB,), tl.float32)
-            # candidates: max|x| * ratio (ratio_ptr[0] = 1: max|x| itself), then the refits
+            # candidates: max|x| * ratio (each ladder starts with 1: max|x| itself), refits
             for ci in range(n_ratios + refits):
                 if ci < n_ratios:
-                    cand = store_scale_bits(m * tl.load(ratio_ptr + ci), BF16)
+                    cand = store_scale_bits(m * tl.load(ratio_ptr + first + ci), BF16)
                 else:    # least-squares step on the best candidate's codes
                     step = _step(scale_value(best, BF16), lps)
                     num = tl.zeros((GB, L), tl.float32)
@@ -153,15 +156,19 @@ def _group_scale_kernel(x_ptr, out_ptr, ratio_ptr, n_ratios, refits,
         tl.store(out_ptr + gi, store_scale_bits(s, BF16).to(tl.int16), mask=gmask)
 
 
-def _ratios(device) -> tuple[torch.Tensor, int]:
-    """[1] + quant._FIT_RATIOS[1:] as fp32 on `device` (_fit_scales' first candidate is max|x|
-    itself, whatever _FIT_RATIOS[0] says). Read at call time, so edits of the module constant
-    apply; cached per (device, values): no host-to-device copy per message."""
-    key = (str(device), quant._FIT_RATIOS)
+def _ratios(device) -> tuple[torch.Tensor, int, int]:
+    """(ratios, n_rise, n_tread): the clipping ladders of quant._fit_scales for the mid-rise
+    grid (_FIT_RATIOS) then the mid-tread grid (_TREAD_RATIOS, where quant.py has one), each
+    as [1, ladder[1:]] (the first candidate is max|x| itself, whatever ladder[0] says), fp32
+    on `device`. Read at call time, so edits of the module constants apply; cached per
+    (device, values): no host-to-device copy per message."""
+    rise = tuple(quant._FIT_RATIOS)
+    tread = tuple(getattr(quant, "_TREAD_RATIOS", rise))
+    key = (str(device), rise, tread)
     if key not in _RATIO_CACHE:
-        _RATIO_CACHE[key] = torch.tensor([1.0, *quant._FIT_RATIOS[1:]], dtype=torch.float32,
-                                         device=device)
-    return _RATIO_CACHE[key], len(quant._FIT_RATIOS)
+        _RATIO_CACHE[key] = torch.tensor([1.0, *rise[1:], 1.0, *tread[1:]],
+                                         dtype=torch.float32, device=device)
+    return _RATIO_CACHE[key], len(rise), len(tread)
 
 
 _RATIO_CACHE: dict = {}
@@ -199,10 +206,10 @@ def _launch_group(x, out, mode, view, bits, scheme, scale_dtype, raw=False):
     L = group_sums.lanes("channel" if view["COL"] else "tensor", view["G"])
     # channels: 16 adjacent columns (64-byte row segments) per program, for more programs
     GB = 16 if view["COL"] else max(1, SEG_BLOCK // L)
-    ratios, n_ratios = _ratios(x.device)
+    ratios, n_rise, n_tread = _ratios(x.device)
     (c0, lps), (c0t, lpst) = _grids(bits, scheme)
     _group_scale_kernel[(cdiv(view["NG"], GB),)](
-        x, out, ratios, n_ratios, quant._FIT_REFITS, view["NG"], view["G"], view["ROWLEN"],
+        x, out, ratios, n_rise, n_tread, quant._FIT_REFITS, view["NG"], view["G"], view["ROWLEN"],
         view["NT"], view["ESTRIDE"], c0, lps, c0t, lpst, float((1 << bits) - 1),
         MODE=mode, COL=view["COL"], RAW=raw, BF16=scale_dtype == torch.bfloat16, GB=GB, L=L,
         LOGL=L.bit_length() - 1, **LAUNCH)

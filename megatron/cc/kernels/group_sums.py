@@ -83,9 +83,10 @@ def mean_scales(x, bits, granularity, group_size, scale_dtype, scheme) -> torch.
 
 
 def fit_scales(x, bits, granularity, group_size, scale_dtype) -> torch.Tensor:
-    """quant._fit_scales with the kernels' summation order (bits >= 2): per grid (mid-rise,
-    then mid-tread) the ladder of clipping ratios and the least-squares refits; a mid-tread
-    winner (strictly better) is stored negated."""
+    """quant._fit_scales with the kernels' summation order (bits >= 2): per grid (mid-rise with
+    _FIT_RATIOS, then mid-tread with _TREAD_RATIOS where quant.py has them) the ladder of
+    clipping ratios and the least-squares refits; a mid-tread winner (strictly better) is
+    stored negated."""
     xg, valid = groups(x, granularity, group_size)
     L = lanes(granularity, xg.shape[1])
     qmax = (1 << bits) - 1
@@ -95,7 +96,10 @@ def fit_scales(x, bits, granularity, group_size, scale_dtype) -> torch.Tensor:
         return lane_sum(torch.where(valid, term, 0.0), L)
 
     best_s = best_err = None
-    for c0, lps in (quant.grid(bits, "absmax"), quant.grid(bits, "seed")):
+    rise = quant._FIT_RATIOS
+    tread = getattr(quant, "_TREAD_RATIOS", rise)
+    for (c0, lps), ratios in ((quant.grid(bits, "absmax"), rise),
+                              (quant.grid(bits, "seed"), tread)):
         def levels(s):
             step = s.float() / lps
             step = torch.where(step > 0, step, torch.ones_like(step))[:, None]
@@ -110,7 +114,7 @@ def fit_scales(x, bits, granularity, group_size, scale_dtype) -> torch.Tensor:
             return torch.where(better, s, grid_s), torch.where(better, e, grid_err)
 
         grid_s, grid_err = consider(quant.store_scale(amax, scale_dtype), None, None)
-        for ratio in quant._FIT_RATIOS[1:]:
+        for ratio in ratios[1:]:
             grid_s, grid_err = consider(quant.store_scale(amax * ratio, scale_dtype), grid_s,
                                         grid_err)
         for _ in range(quant._FIT_REFITS):

@@ -20,8 +20,8 @@ F, I = "fp32", "i32"
 
 def group(mode, **k):
     ptrs = dict(x_ptr="*bf16", out_ptr="*fp32" if k.get("RAW") else "*i16", ratio_ptr="*fp32")
-    sig = dict(ptrs, n_ratios=I, refits=I, NG=I, G=I, ROWLEN=I, NT=I, ESTRIDE=I, C0=F, LPS=F,
-               C0T=F, LPST=F, QMAX=F)
+    sig = dict(ptrs, n_rise=I, n_tread=I, refits=I, NG=I, G=I, ROWLEN=I, NT=I, ESTRIDE=I,
+               C0=F, LPS=F, C0T=F, LPST=F, QMAX=F)
     const = dict(MODE=mode, COL=False, RAW=False, BF16=False, GB=32, L=64, LOGL=6)
     const.update(k)
     return fixpoint._group_scale_kernel, sig, const

@@ -97,6 +97,7 @@ def test_fitted_search_reads_the_module_constants(monkeypatch):
     x = sample(SHAPES[0], seed=5)
     default = fx.group_scales(x, 3, "tile", 8)
     monkeypatch.setattr(quant, "_FIT_RATIOS", (1.0, 0.5, 0.3))
+    monkeypatch.setattr(quant, "_TREAD_RATIOS", (1.0, 0.6), raising=False)
     monkeypatch.setattr(quant, "_FIT_REFITS", 1)
     got = fx.group_scales(x, 3, "tile", 8)
     assert torch.equal(got, group_sums.group_scales(x, 3, "tile", 8, torch.float16, "fitted"))
