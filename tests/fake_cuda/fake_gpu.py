@@ -439,6 +439,11 @@ class _Collectives:
         name = str(backend).lower() if backend is not None else self.gpu.backend
         if name == "nccl":
             self.gpu.check_nccl_ranks()
+        if ranks is not None and max(ranks, default=0) >= self.o["get_world_size"]():
+            # over FakeGroup peers (a dp mode cloning its dp group): this process is rank 0
+            if 0 not in ranks:
+                return dist.GroupMember.NON_GROUP_MEMBER
+            return FakeGroup(len(ranks), sorted(ranks).index(0), name, sorted(ranks))
         group = self.o["new_group"](ranks, timeout, "gloo", *a, **kw)
         if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
             self.backends[group] = name
@@ -579,7 +584,14 @@ class _Collectives:
                               group_src=None):
         return None
 
-    NAMES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
+    class P2POp:
+        """dist.P2POp without its group-membership checks (a FakeGroup is not registered)."""
+
+        def __init__(self, op, tensor, peer=None, group=None, tag=0, group_peer=None):
+            self.op, self.tensor, self.peer, self.group = op, tensor, peer, group
+            self.tag, self.group_peer = tag, group_peer
+
+    NAMES = ("P2POp", "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
              "broadcast", "all_to_all_single", "barrier", "monitored_barrier", "isend",
              "irecv", "send", "recv", "batch_isend_irecv", "all_gather_object",
              "broadcast_object_list", "_coalescing_manager", "get_backend", "get_world_size",
@@ -795,6 +807,7 @@ class FakeGPU:
             self.fake_mode = _FakeMode(allow_non_fake_inputs=True)
             stack.enter_context(self.fake_mode)
             stack.enter_context(_Hybrid(self))
+            self._threads_too(stack)
         except BaseException:
             stack.close()
             raise
@@ -803,6 +816,14 @@ class FakeGPU:
     def __exit__(self, *exc):
         self._stack.close()
         return False
+
+    def _threads_too(self, stack):
+        """megatron.cc.background's threads run inline, at start(): dispatch modes are per
+        thread and one FakeTensorMode cannot serve two threads at once (its in-kernel flag is
+        shared, the dispatch keys are not). The job's CUDA handling (device, own stream,
+        record_stream) runs as written; only the concurrency is gone."""
+        from megatron.cc import background
+        self._set(stack, background, "threading", _InlineThreading)
 
     def _set(self, stack, obj, name, value):
         old = getattr(obj, name)
@@ -851,6 +872,7 @@ class FakeGPU:
         self._set(stack, torch, "Generator", _CudaGenerator)
         # Tensor.cuda() of a real tensor: "cuda" without an index resolves through the
         # missing CUDA runtime; an explicit index does not
+        self._set(stack, torch.Tensor, "record_stream", lambda t, stream: None)
         self._set(stack, torch.Tensor, "cuda", lambda t, device=None, non_blocking=False, **k:
                   t.to(torch.device("cuda", gpu.current if device is None else
                                     (device if isinstance(device, int)
@@ -981,6 +1003,24 @@ def _reads_elements(fn, gpu):
             return out.to(device=device, dtype=kwargs.get("dtype") or out.dtype)
         return fn(data, *args, **kwargs)
     return wrapper
+
+
+class _InlineThread:
+    def __init__(self, target=None, args=(), kwargs=None, daemon=None, name=None):
+        self._target, self._args, self._kwargs = target, args, kwargs or {}
+
+    def start(self):
+        self._target(*self._args, **self._kwargs)
+
+    def join(self, timeout=None):
+        pass
+
+    def is_alive(self):
+        return False
+
+
+class _InlineThreading:
+    Thread = _InlineThread
 
 
 def _host_only(fn):

@@ -25,7 +25,8 @@ from typing import Dict, List, Optional
 import torch
 
 from megatron.cc.background import BackgroundCall
-from megatron.cc.grad_sync.param_sync import (add_flat_, clone_state, flatten, param_segments)
+from megatron.cc.grad_sync.param_sync import (add_flat_, clone_state, flatten, param_segments,
+                                              to_device)
 from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
 from megatron.cc.grad_sync.sync import ExactDataParallelSync
 from megatron.cc.stats import ChannelStats
@@ -53,6 +54,7 @@ class CocktailSGDSync:
         self._pending: Optional[dict] = None       # finished result not yet applied
         self._call: Optional[BackgroundCall] = None   # the overlapped exchange in flight
         self._result: Optional[dict] = None            # finished, not yet counted
+        self._loaded = False   # state from a checkpoint, not yet on the parameters' device
 
     # ---------------------------------------------------------------- hooks
     def __call__(self, model, iteration: int) -> None:
@@ -60,6 +62,11 @@ class CocktailSGDSync:
         if iteration < self.warmup_steps:
             self.exact(model, iteration)
             return
+        if self._loaded:   # resumed: the checkpoint's CPU state joins the parameters
+            device = next(iter(param_segments(model).values()))[0].device
+            self.global_copy = to_device(self.global_copy, device)
+            self._pending, self._loaded = to_device(self._pending, device), False
+            self.exchange.to(device)
         self.apply_pending(param_segments(model))
         if self.global_copy is None:  # params agree here: after warm-up, or at init
             self.global_copy = {k: flatten(v) for k, v in param_segments(model).items()}
@@ -123,4 +130,5 @@ class CocktailSGDSync:
             return
         self.global_copy = clone_state(sd.get("global_copy"))
         self._pending = clone_state(sd.get("pending"))
+        self._loaded = True
         self.exchange.load_state_dict(sd.get("exchange", {}))

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.cc.background import BackgroundCall
-from megatron.cc.grad_sync.param_sync import clone_state, copy_flat_, flatten, param_segments
+from megatron.cc.grad_sync.param_sync import (clone_state, copy_flat_, flatten, param_segments,
+                                              to_device)
 from megatron.cc.stats import ChannelStats
 
 
@@ -82,9 +83,17 @@ class DiLoCoSync:
         self.residual: List[Optional[torch.Tensor]] = [None] * fragments
         self._inflight: Optional[dict] = None    # one fragment's overlapped reduce
         self._call: Optional[BackgroundCall] = None   # its reduce on a background thread
+        self._loaded = False   # state from a checkpoint, not yet on the parameters' device
 
     def __call__(self, model, iteration: int) -> None:
         """Gradient phase: nothing crosses the dp group (inner steps are local)."""
+        if self._loaded:   # resumed: the checkpoint's CPU state joins the parameters
+            device = next(iter(param_segments(model).values()))[0].device
+            self.global_copy, self.momentum, self.residual, self._inflight = to_device(
+                [self.global_copy, self.momentum, self.residual, self._inflight], device)
+            self._loaded = False
+            if self.exchange is not None:
+                self.exchange.to(device)
         if self.global_copy is None:   # params agree here (initialisation or a resumed sync)
             self.global_copy = [flatten(f) for f in self._fragments(model)]
 
@@ -186,5 +195,6 @@ class DiLoCoSync:
         self.momentum = clone_state(sd.get("momentum", [None] * self.F))
         self.residual = clone_state(sd.get("residual", [None] * self.F))
         self._inflight = clone_state(sd.get("inflight"))
+        self._loaded = True
         if self.exchange is not None and sd.get("exchange"):
             self.exchange.load_state_dict(sd["exchange"])

@@ -52,6 +52,16 @@ def copy_flat_(params: List[torch.Tensor], flat: torch.Tensor) -> None:
             off += n
 
 
+def to_device(d, device):
+    """Tensors moved to `device`, containers rebuilt: state a checkpoint loaded on the CPU,
+    placed beside the parameters it belongs to (once, at the first step after a resume)."""
+    if isinstance(d, dict):
+        return {k: to_device(v, device) for k, v in d.items()}
+    if isinstance(d, (list, tuple)):
+        return [to_device(v, device) for v in d]
+    return d.to(device) if torch.is_tensor(d) else d
+
+
 def clone_state(d: dict) -> dict:
     """Tensors cloned, plain containers copied: safe to hand to a checkpoint writer."""
     if isinstance(d, dict):

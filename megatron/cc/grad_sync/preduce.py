@@ -37,6 +37,7 @@ from megatron.cc.grad_sync.param_sync import copy_flat_, flatten, param_segments
 from megatron.cc.grad_sync.preduce_sched import (START_WAIT, WindowScheduler, next_wait,
                                                  pairwise_default, split_window)
 from megatron.cc.stats import ChannelStats
+from megatron.cc.transport import P2PTransport
 
 __all__ = ["PartialReduceSync", "ADPSGDSync", "WindowScheduler"]
 
@@ -161,6 +162,7 @@ class ADPSGDSync:
         self.dp_rank, self.dp = dist.get_rank(dp_group), dist.get_world_size(dp_group)
         self.ranks = dist.get_process_group_ranks(dp_group)
         self.group = dp_group
+        self.transport = P2PTransport(dp_group)
 
     def partner(self, iteration: int):
         perm = torch.randperm(self.dp, generator=torch.Generator().manual_seed(
@@ -188,10 +190,9 @@ class ADPSGDSync:
             return
         theirs = torch.empty_like(mine)
         peer = self.ranks[other]
-        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer, self.group),
-                                       dist.P2POp(dist.irecv, theirs, peer, self.group)])
-        for r in reqs:
-            r.wait()
+        # one batch of isend + irecv; gloo moves host memory only, so the transport stages
+        # CUDA weights through pinned host buffers there (NCCL takes them as they are)
+        self.transport.exchange([(mine, peer)], [(theirs, peer)])
         # lower dp rank first: both ends compute the same float sum
         avg = (mine + theirs if self.dp_rank < other else theirs + mine) / 2
         copy_flat_(params, avg.to(params[0].device))

@@ -30,6 +30,7 @@ from typing import List, Optional, Tuple
 PAIRWISE_ABOVE = 8        # the seed pairs replicas when a stage has more than this many
 START_WAIT, MAX_WAIT, MIN_WAIT = 1e-3, 10e-3, 1e-5   # seconds (the seed's 1, 10, 0.01 ms)
 CLOSED = 1 << 40          # added to a window's arrival counter to close it atomically
+POLL = 200e-6             # the opener re-reads the arrival count (a store round trip) this often
 
 
 def schedule_of(stage: int, pp: int, scope: str = "stage", tied: bool = True) -> int:
@@ -87,7 +88,7 @@ class WindowScheduler:
         if idx == 1:           # the opener keeps the window open, then closes it
             deadline = time.perf_counter_ns() + int((START_WAIT if wait is None else wait) * 1e9)
             while time.perf_counter_ns() < deadline and s.add(f"w{k}/n", 0) < self.dp:
-                time.sleep(min(50e-6, max(0.0, (deadline - time.perf_counter_ns()) / 1e9)))
+                time.sleep(min(POLL, max(0.0, (deadline - time.perf_counter_ns()) / 1e9)))
             s.add("cur", 1)
             size = s.add(f"w{k}/n", CLOSED) - CLOSED
             s.set(f"w{k}/size", str(size))

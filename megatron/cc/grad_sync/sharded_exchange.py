@@ -96,6 +96,11 @@ class ShardedExchange:
         counted = (send.numel() + D * mine_bytes.numel()) // 2
         return update, dq, counted
 
+    def to(self, device) -> "ShardedExchange":
+        """Server errors onto `device` (loaded from a checkpoint, they sit on the CPU)."""
+        self.server_error = {k: v.to(device) for k, v in self.server_error.items()}
+        return self
+
     def state_dict(self) -> dict:
         return {"server_error": dict(self.server_error),
                 "worker_codec": self.worker_codec.state_dict(),
