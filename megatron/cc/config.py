@@ -36,7 +36,7 @@ class CompressionConfig:
     forward_bits: int = flag(4, "Bits per value of fixpoint / delta activations (1..8).")
     forward_bits_act: int = flag(
         8, "delta-lowbits: bits per value of the cached activations (1..8), one 16-bit scale "
-           "per token.")
+           "per (sample, channel) as AC-SGD (whose default is 4).")
     max_activation_cache_size: Optional[int] = flag(
         None, "delta*: samples each activation cache holds (least recently used evicted "
               "beyond). Default: every training sample the replica will see. Each rank holds "

@@ -24,8 +24,10 @@ pinned when the messages are on a GPU, every copy asynchronous and stream-ordere
 removed by close() -- give a directory when several caches share a node, since two caches on
 one file would overwrite each other):
     "delta":         S*H*element_size(cache_dtype) bytes per sample;
-    "delta-lowbits": cache kept quantised to bits_act bits with one fp16 scale per token row,
-                     ceil(S*H/8)*bits_act + 2*S bytes per sample.
+    "delta-lowbits": cache kept quantised to bits_act bits with one fp16 scale per (sample,
+                     channel), as AC-SGD (measured more faithful on captured activations
+                     than a scale per token: bench_codec_fidelity.py),
+                     ceil(S*H/8)*bits_act + 2*H bytes per sample.
 The cache checks at construction that it fits (RAM: MemAvailable or ram_limit_bytes; disk: free
 space) and raises CacheTooLarge with the numbers if not. When more distinct samples arrive
 than it holds, the least recently used sample is evicted (deterministically, so both ends evict
@@ -121,7 +123,7 @@ class ActivationCache:
         s, h = sample_shape
         if bits is None:
             return s * h * torch.empty((), dtype=parse_dtype(dtype)).element_size()
-        return -(-s * h // 8) * bits + 2 * s
+        return -(-s * h // 8) * bits + 2 * h
 
     @property
     def nbytes(self) -> int:
@@ -227,11 +229,13 @@ class ActivationCache:
         b, (s, h) = rows.shape[0], self.sample_shape
         if self.bits is None:
             return rows.view(self.dtype).reshape(b, s, h).float()
-        ncode = self.slot_bytes - 2 * s
+        ncode = self.slot_bytes - 2 * h
         codes = unpack_bits(rows[:, :ncode].reshape(-1), self.bits, b * ncode * 8 // self.bits)
         codes = codes.view(b, -1)[:, :s * h]
         scales = rows[:, ncode:].contiguous().view(torch.float16).reshape(-1)
-        return dequantize(codes, scales, self.bits, (b, s, h), "tile", h, scheme=self.scheme)
+        # stored channel-major: (B, H, S), one scale per (sample, channel) row
+        x = dequantize(codes, scales, self.bits, (b, h, s), "tile", s, scheme=self.scheme)
+        return x.transpose(1, 2)
 
     def write(self, slots: torch.Tensor, values: torch.Tensor) -> None:
         """Store (B, S, H) float32 values into these slots (cast or quantised)."""
@@ -241,14 +245,15 @@ class ActivationCache:
                 values = values.clamp(-FP16_MAX, FP16_MAX)
             rows = values.to(self.dtype).reshape(b, -1).contiguous().view(torch.uint8)
         else:
-            # one scale per token row
-            codes, scales = quantize(values, self.bits, "tile", h, scheme=self.scheme)
+            # channel-major (B, H, S): one scale per (sample, channel) row
+            codes, scales = quantize(values.transpose(1, 2), self.bits, "tile", s,
+                                     scheme=self.scheme)
             codes = codes.reshape(b, -1)
             pad = -codes.shape[1] % 8  # whole bytes per sample
             if pad:
                 codes = torch.cat([codes, codes.new_zeros(b, pad)], dim=1)
             packed = pack_bits(codes, self.bits).view(b, -1)
-            rows = torch.cat([packed, scales.view(b, s).view(torch.uint8)], dim=1)
+            rows = torch.cat([packed, scales.view(b, h).view(torch.uint8)], dim=1)
         for i, slot in enumerate(slots.tolist()):  # row memcpy: far faster than index_put
             self.data[slot].copy_(rows[i], non_blocking=True)
 
@@ -299,13 +304,15 @@ class ActivationCache:
 
 
 def slot_format(dtype, bits) -> str:
-    """What a cache slot holds: 'float32' / 'float16' / 'bfloat16', or 'N-bit'."""
-    return f"{bits}-bit" if bits else str(parse_dtype(dtype)).replace("torch.", "")
+    """What a cache slot holds: 'float32' / 'float16' / 'bfloat16', or 'N-bit/channel'
+    (earlier releases: 'N-bit' or no name, one scale per token, refused)."""
+    return f"{bits}-bit/channel" if bits else str(parse_dtype(dtype)).replace("torch.", "")
 
 
 def check_format(sd: dict, want: str) -> None:
-    if sd.get("format", want) != want:
-        raise ValueError(f"cache state holds {sd['format']} values, this cache "
+    have = sd.get("format", "per-token low-bit" if want.endswith("/channel") else want)
+    if have != want:
+        raise ValueError(f"cache state holds {have} values, this cache "
                          f"{want}; resume with the --activation-cache-dtype / "
                          f"--forward-bits-act the checkpoint was written with")
 

@@ -134,7 +134,7 @@ def test_size_report_and_refusal(tmp_path, monkeypatch):
     c = ActivationCache(4, (S, H), torch.float16, ram_limit_bytes=10 ** 9)
     assert c.nbytes == 4 * S * H * 2 and "4 samples" in c.describe() and "GiB" in c.describe()
     low = ActivationCache(4, (S, H), bits=3, ram_limit_bytes=10 ** 9)
-    assert low.nbytes == 4 * (-(-S * H // 8) * 3 + 2 * S)
+    assert low.nbytes == 4 * (-(-S * H // 8) * 3 + 2 * H)  # one fp16 scale per channel
     with pytest.raises(CacheTooLarge, match=str(1000 * S * H * 4)):
         DeltaCodec(capacity=1000, sample_shape=(S, H), ram_limit_bytes=1000)
     import shutil
@@ -194,3 +194,33 @@ def test_cache_state_of_another_dtype_is_refused():
     b = make("delta")
     with pytest.raises(ValueError, match="activation-cache-dtype"):
         b.load_state_dict(a.state_dict())
+
+
+def test_lowbit_cache_has_one_scale_per_sample_and_channel():
+    """delta-lowbits stores AC-SGD's layout: a channel's values of one sample share a scale, so
+    a channel scaled by 1000 in one sample leaves the other channels' error untouched."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, 10, generator=g)          # (B, S, H) with S != H
+    y = x.clone()
+    y[0, :, 3] *= 1000
+    errs = []
+    for v in (x, y):
+        c = ActivationCache(2, (6, 10), bits=4, ram_limit_bytes=10 ** 9)
+        c.write(torch.tensor([0, 1]), v)
+        errs.append((c.read(torch.tensor([0, 1])) - v).abs())
+    keep = torch.ones(10, dtype=torch.bool)
+    keep[3] = False
+    assert torch.equal(errs[0][..., keep], errs[1][..., keep])
+    assert c.slot_bytes == -(-6 * 10 // 8) * 4 + 2 * 10
+
+
+def test_lowbit_cache_refuses_the_per_token_layout_of_earlier_releases():
+    c = ActivationCache(2, (6, 10), bits=4, ram_limit_bytes=10 ** 9)
+    sd = c.state_dict()
+    for old in ("4-bit", None):
+        if old is None:
+            sd.pop("format")
+        else:
+            sd["format"] = old
+        with pytest.raises(ValueError, match="resume with"):
+            ActivationCache(2, (6, 10), bits=4, ram_limit_bytes=10 ** 9).load_state_dict(sd)
