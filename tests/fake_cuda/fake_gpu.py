@@ -67,7 +67,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import traceback
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -182,11 +181,17 @@ class Event:
 
 
 def _where() -> str:
-    frames = traceback.extract_stack()[:-3]
-    mine = [f for f in frames if f.filename.startswith(REPO) and "/tests/fake_cuda/" not in
-            f.filename and "/.venv/" not in f.filename]
-    core = [f for f in frames if "/megatron/core/" in f.filename]
-    tests = [f for f in frames if not f.filename.endswith("fake_gpu.py")]
+    """The innermost frame of this repository's code (not this tier), plus the innermost
+    megatron-core frame below it if any; frames walked without reading source lines."""
+    frames, f = [], sys._getframe(2)
+    while f is not None:
+        frames.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+        f = f.f_back
+    frames.reverse()
+    mine = [f for f in frames if f[0].startswith(REPO) and "/tests/fake_cuda/" not in f[0]
+            and "/.venv/" not in f[0]]
+    core = [f for f in frames if "/megatron/core/" in f[0]]
+    tests = [f for f in frames if not f[0].endswith("fake_gpu.py")]
     f = (mine or core or tests or frames)[-1]
     text = _frame(f)
     if mine and core and frames.index(core[-1]) > frames.index(f):   # deeper, in megatron-core
@@ -195,12 +200,12 @@ def _where() -> str:
 
 
 def _frame(f) -> str:
-    name = f.filename
+    name, lineno, func = f
     if name.startswith(REPO):
         name = os.path.relpath(name, REPO)
     elif "/site-packages/" in name:
         name = name.split("/site-packages/", 1)[1]
-    return f"{name}:{f.lineno} ({f.name})"
+    return f"{name}:{lineno} ({func})"
 
 
 _DYNAMIC = {aten.nonzero.default, aten.masked_select.default, aten._unique2.default,

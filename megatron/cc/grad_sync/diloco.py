@@ -24,6 +24,10 @@ gradient). With Adam it differs, by design.
 Bytes: counted when a sync happens (the log line averages them over its iterations); raw is
 what the gradient all-reduce of every inner step since the fragment's last sync would cost.
 State (checkpoint): theta_g, momentum and codec residual per fragment, exchange state.
+
+SparseLoCo (--dp-mode sparseloco, sparseloco.py) is this class with a decayed residual
+(e_i <- beta e_i + Delta_i before the codec, error_decay = beta; 1 here), no outer momentum
+and a GatherExchange through the chunked top-k codec.
 """
 import time
 from typing import Dict, List, Optional
@@ -62,11 +66,14 @@ class DiLoCoSync:
         exchange: None for an exact fp32 all-reduce, else a ShardedExchange (lossy codec:
             the replica keeps its residual and adds it to its next pseudo-gradient).
         fragments: F (--diloco-fragments), 1 <= F, H % F == 0.
+        error_decay: beta, the residual's weight when added to the next pseudo-gradient
+            (1: plain error feedback; SparseLoCo decays it).
     """
 
     def __init__(self, group, stats: ChannelStats, inner_steps: int = 100,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, exchange=None,
-                 fragments: int = 1, sync_delay: int = 0, reduce_group=None):
+                 fragments: int = 1, sync_delay: int = 0, reduce_group=None,
+                 error_decay: float = 1.0):
         if inner_steps < 1 or fragments < 1 or inner_steps % fragments:
             raise ValueError(f"need inner_steps >= 1 divisible by fragments >= 1, got "
                              f"{inner_steps}, {fragments}")
@@ -77,7 +84,7 @@ class DiLoCoSync:
         self.reduce_group = reduce_group if reduce_group is not None else group
         self.world = dist.get_world_size(group)
         self.lr, self.mu, self.exchange = outer_lr, outer_momentum, exchange
-        self.tau = sync_delay
+        self.tau, self.decay = sync_delay, error_decay
         self.global_copy: Optional[List[torch.Tensor]] = None   # theta_g per fragment
         self.momentum: List[Optional[torch.Tensor]] = [None] * fragments
         self.residual: List[Optional[torch.Tensor]] = [None] * fragments
@@ -146,8 +153,8 @@ class DiLoCoSync:
             delta /= self.world
             job["sent"] = delta.numel() * delta.element_size()
         else:
-            if self.residual[f] is not None:
-                delta += self.residual[f]
+            if self.residual[f] is not None:   # alpha 1: bit-identical to a plain add
+                delta.add_(self.residual[f], alpha=self.decay)
             mean, dq, job["sent"] = self.exchange(delta, job["iteration"], key=str(f))
             self.residual[f] = delta - dq
             delta = mean
