@@ -189,12 +189,16 @@ class CompressionConfig:
                      "compressed parameter deltas in a sharded exchange (CocktailSGD). preduce: "
                      "weight averaging with whoever is ready (SD-PIPE). adpsgd: random pairwise "
                      "weight averaging. diloco: H local steps, then an outer Nesterov step on "
-                     "the averaged pseudo-gradient.",
-        choices=["allreduce", "cocktail_sgd", "cocktail", "preduce", "adpsgd", "diloco"])
+                     "the averaged pseudo-gradient. sparseloco: DiLoCo's H local steps (the "
+                     "--diloco-inner-steps / -fragments / -sync-delay flags), the pseudo-"
+                     "gradient plus a decayed error buffer sent as top-k per chunk with "
+                     "2-bit values, outer SGD (SparseLoCo).",
+        choices=["allreduce", "cocktail_sgd", "cocktail", "preduce", "adpsgd", "diloco",
+                 "sparseloco"])
     dp_backend: Optional[str] = flag(
         None, "Transport of the data-parallel channel: its own process group on this backend "
-              "(allreduce/PowerSGD, cocktail_sgd, diloco): gloo (e.g. across a WAN; CUDA "
-              "tensors staged through pinned host buffers) or nccl; default "
+              "(allreduce/PowerSGD, cocktail_sgd, diloco, sparseloco): gloo (e.g. across a "
+              "WAN; CUDA tensors staged through pinned host buffers) or nccl; default "
               "--distributed-backend.",
         choices=["gloo", "nccl"])
     cocktail_random_ratio: float = flag(
@@ -211,7 +215,8 @@ class CompressionConfig:
     cocktail_no_overlap: bool = flag(
         False, "cocktail_sgd: run the exchange inline after the optimizer step instead of on a "
                "background thread overlapping the next forward/backward (one step stale).")
-    diloco_inner_steps: int = flag(100, "diloco: H, local optimizer steps between outer steps.")
+    diloco_inner_steps: int = flag(100, "diloco, sparseloco: H, local optimizer steps between "
+                                        "outer steps (SparseLoCo's paper runs 15).")
     diloco_outer_lr: float = flag(0.7, "diloco: learning rate of the outer SGD.")
     diloco_outer_momentum: float = flag(
         0.9, "diloco: Nesterov momentum of the outer SGD, in [0, 1) (0: plain SGD).")
@@ -220,12 +225,29 @@ class CompressionConfig:
                 "fp16, int8, fixpoint-<bits> (e.g. fixpoint-4), cocktail (--cocktail-* "
                 "settings). Lossy codecs keep each replica's residual (error feedback).")
     diloco_fragments: int = flag(
-        1, "diloco: Streaming DiLoCo, the stage's layers cut into F fragments synchronised in "
-           "turn every H/F steps (--diloco-inner-steps must be divisible by F).")
+        1, "diloco, sparseloco: Streaming DiLoCo, the stage's layers cut into F fragments "
+           "synchronised in turn every H/F steps (--diloco-inner-steps must be divisible by "
+           "F); under sparseloco every fragment goes through its codec with its own error "
+           "buffer.")
     diloco_sync_delay: int = flag(
-        0, "diloco: overlap a fragment's outer all-reduce with this many following inner "
-           "steps (background thread); the update is applied then, keeping the local progress "
-           "of those steps. Must be < H/F.")
+        0, "diloco, sparseloco: overlap a fragment's outer exchange with this many following "
+           "inner steps (background thread); the update is applied then, keeping the local "
+           "progress of those steps. Must be < H/F.")
+    sparseloco_outer_lr: float = flag(
+        1.0, "sparseloco: learning rate alpha of the outer SGD (no momentum: the decayed error "
+             "buffer takes its place), > 0.")
+    sparseloco_error_decay: float = flag(
+        0.95, "sparseloco: beta in e <- beta e + pseudo-gradient before the top-k, in [0, 1].")
+    sparseloco_density: float = flag(
+        1 / 64, "sparseloco: share k / C of every chunk sent, in (0, 1] (k = round(density C), "
+                "at least 1; 1 sends every value, without indices).")
+    sparseloco_chunk_size: int = flag(
+        4096, "sparseloco: C, values per top-k chunk of the flat pseudo-gradient; a kept "
+              "position costs ceil(log2 C) bits (12 at 4096). Must divide the tied "
+              "embedding's size.")
+    sparseloco_bits: int = flag(
+        2, "sparseloco: bits per kept value, 1..8 (--quant-scheme), one 16-bit scale per "
+           "chunk.")
     dp_adam_correction: bool = flag(
         False, "Parameter-syncing modes with Adam: each replica's Adam divides by an estimate "
                "of the second moment of the all-reduced gradient instead of its own (from its "
@@ -295,10 +317,12 @@ class CompressionConfig:
         if c not in ("none", "fp16", "cocktail") and (bits is None or not 1 <= bits <= 8):
             raise ConfigError(f"--diloco-compression {c!r}: expected none, fp16, int8, "
                               f"fixpoint-<bits 1..8> or cocktail")
+        self._validate_sparseloco()
         if self.dp_adam_correction and mode == "allreduce":
             raise ConfigError("--dp-adam-correction corrects the local Adam steps of a "
-                              "parameter-syncing --dp-mode (cocktail_sgd, diloco, preduce, "
-                              "adpsgd); --dp-mode allreduce already steps on the mean gradient")
+                              "parameter-syncing --dp-mode (cocktail_sgd, diloco, sparseloco, "
+                              "preduce, adpsgd); --dp-mode allreduce already steps on the "
+                              "mean gradient")
         if self.ssp_bound < 1:
             raise ConfigError(f"--ssp-bound must be >= 1, got {self.ssp_bound}")
         if not 0.0 <= self.hetero < 1.0:
@@ -309,25 +333,50 @@ class CompressionConfig:
                 raise ConfigError("--dp-backend nccl needs GPUs; use gloo on CPU")
         self._validate_mode_flags(mode)
 
+    def _validate_sparseloco(self) -> None:
+        if not 0.0 < self.sparseloco_density <= 1.0:
+            raise ConfigError(f"--sparseloco-density must be in (0, 1], got "
+                              f"{self.sparseloco_density}")
+        if self.sparseloco_chunk_size < 1:
+            raise ConfigError(f"--sparseloco-chunk-size must be >= 1, got "
+                              f"{self.sparseloco_chunk_size}")
+        if not 1 <= self.sparseloco_bits <= 8:
+            raise ConfigError(f"--sparseloco-bits must be in 1..8, got {self.sparseloco_bits}")
+        if not 0.0 <= self.sparseloco_error_decay <= 1.0:
+            raise ConfigError(f"--sparseloco-error-decay must be in [0, 1], got "
+                              f"{self.sparseloco_error_decay}")
+        if self.sparseloco_outer_lr <= 0:
+            raise ConfigError(f"--sparseloco-outer-lr must be > 0, got "
+                              f"{self.sparseloco_outer_lr}")
+
     def _validate_mode_flags(self, mode: str) -> None:
         """A flag of one mode given with another is a mistake worth stopping for."""
+        loop = ("diloco_inner_steps", "diloco_fragments", "diloco_sync_delay")  # DiLoCo's loop
         owners = {"cocktail_sgd": ("cocktail_random_ratio", "cocktail_topk_ratio",
                                    "cocktail_warmup_steps", "cocktail_no_overlap"),
-                  "diloco": ("diloco_inner_steps", "diloco_outer_lr", "diloco_outer_momentum",
-                             "diloco_compression", "diloco_fragments", "diloco_sync_delay"),
+                  "diloco": loop + ("diloco_outer_lr", "diloco_outer_momentum",
+                                    "diloco_compression"),
+                  "sparseloco": loop + ("sparseloco_outer_lr", "sparseloco_error_decay",
+                                        "sparseloco_density", "sparseloco_chunk_size",
+                                        "sparseloco_bits"),
                   "preduce": ("ssp_bound", "preduce_scope", "preduce_groups")}
         import dataclasses
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         if mode == "diloco" and self.diloco_compression == "cocktail":
             owners["cocktail_sgd"] = ("cocktail_warmup_steps", "cocktail_no_overlap")
+        modes_of = {}
         for owner, names in owners.items():
             for name in names:
-                if owner != mode and getattr(self, name) != defaults[name]:
-                    raise ConfigError(f"--{name.replace('_', '-')} configures --dp-mode "
-                                      f"{owner}, but --dp-mode is {self.dp_mode}")
-        if self.dp_backend is not None and mode not in ("allreduce", "cocktail_sgd", "diloco"):
+                modes_of.setdefault(name, []).append(owner)
+        for name, modes in modes_of.items():
+            if mode not in modes and getattr(self, name) != defaults[name]:
+                raise ConfigError(f"--{name.replace('_', '-')} configures --dp-mode "
+                                  f"{' or '.join(modes)}, but --dp-mode is {self.dp_mode}")
+        if self.dp_backend is not None and mode not in ("allreduce", "cocktail_sgd", "diloco",
+                                                        "sparseloco"):
             raise ConfigError(f"--dp-backend sets the dp channel's process group for allreduce, "
-                              f"cocktail_sgd and diloco, but --dp-mode is {self.dp_mode}")
+                              f"cocktail_sgd, diloco and sparseloco, but --dp-mode is "
+                              f"{self.dp_mode}")
 
     def compressed_stages(self, pp: int) -> int:
         """How many leading pipeline stages run PowerSGD on their dp gradients."""
@@ -423,12 +472,14 @@ class CompressionConfig:
             raise ConfigError(f"--warmup-epochs {self.warmup_epochs} and --compress-warmup-iters "
                               f"{self.compress_warmup_iters} both set the warm-up; give one")
         if self.stochastic_rounding and fwd not in ("fixpoint", "delta", "delta-lowbits") \
-                and bwd != "fixpoint" and self.dp_mode_name not in ("cocktail_sgd", "diloco"):
+                and bwd != "fixpoint" and self.dp_mode_name not in ("cocktail_sgd", "diloco",
+                                                                    "sparseloco"):
             raise ConfigError("--stochastic-rounding changes the fixpoint / delta quantisers, "
                               f"but --forward-compress-method is {fwd} and "
                               f"--backward-compress-method is {bwd}")
         if self.quant_scheme != "fitted" and fwd not in ("fixpoint", "delta", "delta-lowbits") \
-                and bwd != "fixpoint" and self.dp_mode_name not in ("cocktail_sgd", "diloco"):
+                and bwd != "fixpoint" and self.dp_mode_name not in ("cocktail_sgd", "diloco",
+                                                                    "sparseloco"):
             raise ConfigError(f"--quant-scheme {self.quant_scheme} changes the fixpoint / delta / "
                               f"cocktail quantisers, but none is on: --forward-compress-method "
                               f"is {fwd}, --backward-compress-method {bwd}")

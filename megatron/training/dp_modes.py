@@ -1,4 +1,5 @@
-"""Wiring of the parameter-syncing dp modes (--dp-mode cocktail_sgd | diloco | preduce | adpsgd).
+"""Wiring of the parameter-syncing dp modes (--dp-mode cocktail_sgd | diloco | sparseloco |
+preduce | adpsgd).
 
 They exchange parameters after the optimizer step (GradSync.after_optimizer_step); before it
 the dp channel sends nothing, and the emb channel sums the tied embedding gradient between the
@@ -16,6 +17,7 @@ from megatron.cc.grad_sync.hetero import HeteroDelay
 from megatron.cc.grad_sync.preduce import ADPSGDSync, PartialReduceSync
 from megatron.cc.grad_sync.preduce_sched import schedule_of
 from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
+from megatron.cc.grad_sync.sparseloco import SparseLoCoSync
 
 
 def job_store():
@@ -43,6 +45,20 @@ def build_exchange(args, group, name: str) -> ShardedExchange:
     return ShardedExchange(group, codec(seed), codec(seed))
 
 
+def build_sparseloco(args, dp_group, stats) -> SparseLoCoSync:
+    """SparseLoCo on DiLoCo's loop flags; its codec's rounding seed differs per replica."""
+    from megatron.cc.compress.chunk_topk import ChunkTopKCodec
+    c = args.compression
+    group = clone_groups(dp_group, c.dp_backend) if c.dp_backend or c.diloco_sync_delay \
+        else dp_group
+    codec = ChunkTopKCodec(c.sparseloco_density, c.sparseloco_chunk_size, c.sparseloco_bits,
+                           c.stochastic_rounding, args.training.seed + ps.get_data_parallel_rank(),
+                           c.quant_scheme)
+    return SparseLoCoSync(dp_group, stats, codec, c.diloco_inner_steps, c.sparseloco_outer_lr,
+                          c.sparseloco_error_decay, c.diloco_fragments, c.diloco_sync_delay,
+                          reduce_group=group)
+
+
 def build_dp_mode_sync(args, model, stats) -> GradSync:
     c = args.compression
     mode = c.dp_mode_name
@@ -62,6 +78,8 @@ def build_dp_mode_sync(args, model, stats) -> GradSync:
         dp = DiLoCoSync(dp_group, stats, c.diloco_inner_steps, c.diloco_outer_lr,
                         c.diloco_outer_momentum, exchange, c.diloco_fragments,
                         c.diloco_sync_delay, reduce_group=group)
+    elif mode == "sparseloco":
+        dp = build_sparseloco(args, dp_group, stats)
     elif mode == "preduce":
         stage = ps.get_pipeline_model_parallel_rank()
         schedule = schedule_of(stage, ps.get_pipeline_model_parallel_world_size(),
