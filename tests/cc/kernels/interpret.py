@@ -19,10 +19,12 @@ def _fresh_modules() -> None:
     std = sys.modules.get("triton.language.standard")
     if std is None or type(std.zeros).__name__ == "InterpretedFunction":
         return
-    for name in list(sys.modules):
-        # the compiled extension (nanobind) cannot be initialised twice: keep it
-        if (name.split(".")[0] == "triton" and not name.startswith("triton._C")) \
-                or name.startswith("megatron.cc.kernels."):
+    for name, mod in list(sys.modules.items()):
+        # the compiled extension (nanobind) cannot be initialised twice: keep it; and keep
+        # the kernel package's triton-free modules (dispatch: fused.py holds it, and tests
+        # monkeypatch the one it holds)
+        if (name.split(".")[0] == "triton" and not name.startswith("triton._C")) or (
+                name.startswith("megatron.cc.kernels.") and hasattr(mod, "triton")):
             del sys.modules[name]
 
 
