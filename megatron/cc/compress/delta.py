@@ -35,7 +35,6 @@ the same one) and treated as unseen next time.
 """
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import tempfile
@@ -387,16 +386,18 @@ class DeltaCodec(Codec):
     def encode(self, x, ctx):
         cache, slots = self._cache(x.shape, ctx.sample_ids, x.device)
         prev = cache.read(slots).transpose(0, 1)          # (S, B, H) view of our own copy
-        codes, scales = self.q.quantize(x.float() - prev)
-        new = prev.add_(self.q.dequantize(codes, scales, x.shape))  # same op as decode's
+        # quantise the delta, pack, and prev += deQ (the op decode repeats): one Triton pass
+        # on CUDA, these eager steps elsewhere (kernels/delta.py)
+        from megatron.cc.kernels import delta as fused_delta
+        payload, new = fused_delta.encode_update(x, prev, self.q)
         cache.write(slots, new.transpose(0, 1))
-        return [pack_bits(codes, self.q.bits), scales]
+        return payload
 
     def decode(self, payload, shape, dtype, ctx):
         cache, slots = self._cache(shape, ctx.sample_ids, payload[0].device)
         prev = cache.read(slots).transpose(0, 1)
-        codes = unpack_bits(payload[0], self.q.bits, math.prod(shape))
-        x_hat = prev.add_(self.q.dequantize(codes, payload[1], tuple(shape)))
+        from megatron.cc.kernels import delta as fused_delta
+        x_hat = fused_delta.decode_update(payload, prev, self.q, shape)
         cache.write(slots, x_hat.transpose(0, 1))
         return x_hat.to(dtype)
 

@@ -60,6 +60,13 @@ def orthogonalize_(p: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     length but not orthogonal to the others, and P P^T is then no projection (relative error
     0.8-1.5 where the result should be exact); the second pass makes them orthogonal.
     """
+    from megatron.cc.kernels import dispatch
+    # one program per matrix: worth it where launches dominate (CB's messages, small dp
+    # factors); a tall P stays on the eager matmuls, which spread over the whole GPU
+    if p.dim() == 2 and p.dtype == torch.float32 and p.is_contiguous() \
+            and p.shape[0] <= 16384 and dispatch.enabled(p):
+        from megatron.cc.kernels import lowrank as fused_lowrank  # one launch, not ~450
+        return fused_lowrank.orthogonalize_(p, eps)
     r = p.shape[-1]
     for _ in range(2):
         scale = torch.linalg.vector_norm(p, dim=-2, keepdim=True).amax(dim=-1, keepdim=True)

@@ -175,6 +175,10 @@ class TahCodec(Codec):
         return (*_allocate(a.view(tiles.shape[0], -1), self.high_ratio), *self.outliers(tiles, a))
 
     def encode(self, x, ctx=None):
+        from megatron.cc.kernels import dispatch
+        if dispatch.enabled(x):  # CUDA: the tile transform and packing as Triton kernels
+            from megatron.cc.kernels import tah as fused_tah
+            return fused_tah.encode(self, x)
         T, c, cp, nt, k = self._dims(x.shape)
         tiles = self._tiles(x)  # (T, nt, t) fp32, our own copy: transformed in place below
         high, order, flags, pivots = self._decide(tiles)
@@ -219,6 +223,10 @@ class TahCodec(Codec):
         return TahParts(high, flags, pivots, sz[0], sz[1], codes)
 
     def decode(self, payload, shape, dtype, ctx=None):
+        from megatron.cc.kernels import dispatch
+        if dispatch.enabled(payload[0]):
+            from megatron.cc.kernels import tah as fused_tah
+            return fused_tah.decode(self, payload, shape, dtype)
         T, c, cp, nt, _ = self._dims(shape)
         p = self.parse(payload, shape, check=False)
         tiles = p.codes.view(T, nt, self.t).float() * p.scales.float()[..., None]

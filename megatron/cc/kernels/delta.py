@@ -12,8 +12,8 @@ Both ends compute c + deQ with the same fp32 operations (no FMA: dispatch.LAUNCH
 caches stay bit-identical, and identical to the eager path's for the same scales (absmax;
 fitted scales follow kernels/group_sums.py's summation order on CUDA).
 
-Not wired into compress/delta.py yet (owned elsewhere); the calls that would replace
-DeltaCodec.encode's quantise / dequantise / pack lines and decode's unpack / dequantise:
+Wired into compress/delta.py (DeltaCodec.encode / decode call these; on CPU tensors they run
+DeltaCodec's former eager lines):
 
     payload, new = delta.encode_update(x, prev, self.q)
     x_hat = delta.decode_update(payload, prev, self.q, shape)

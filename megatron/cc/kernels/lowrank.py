@@ -10,7 +10,7 @@ L = lanes("channel", n) adds rows c * L + l, then a pairwise tree); group_sums.o
 is the torch twin the kernel equals bit for bit. Against lowrank.orthogonalize_ (BLAS order)
 the result differs by rounding only.
 
-Not wired into compress/lowrank.py (owned elsewhere): for a CUDA fp32 contiguous p (n, r),
+Wired into compress/lowrank.py for CUDA fp32 contiguous p (n, r) with n <= 16384:
     kernels.lowrank.orthogonalize_(p, eps)   replaces   lowrank.orthogonalize_(p, eps)
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@
 Eager: ~60 launches to encode, ~35 to decode. Payload bytes and decodes are bit-identical to
 TahCodec's (tests/cc/kernels/test_tah.py).
 
-Not wired into compress/tah.py yet (owned elsewhere): TahCodec.encode / decode would start with
+Wired into compress/tah.py: TahCodec.encode / decode start with
     if dispatch.enabled(x): return kernels.tah.encode(self, x)
     if dispatch.enabled(payload[0]): return kernels.tah.decode(self, payload, shape, dtype)
 """
