@@ -32,11 +32,20 @@ Runs (dp=4, pp=1 unless the name says pp2):
   allreduce-hetero, preduce-hetero, adpsgd-hetero   --hetero 0.5 (replicas randomly up to
                        50% slower per iteration): time per iteration is the point there
   pp2-allreduce, pp2-cocktail, pp2-diloco-H50-int8   pp=2 x dp=2
+  sparseloco-H15-d1.56-2b   --dp-mode sparseloco at its defaults (density 1/64 of every 4096
+                       chunk, 12-bit indices, 2-bit values, error decay 0.95, outer SGD lr 1)
+                       with the paper's H = 15: x1078 fewer dp bytes than all-reduce at dp=4
+  sparseloco-H15-d0.78-2b / -d3.13-2b   density 1/128 (x2118) / 1/32 (x544)
+  sparseloco-H15-d1.56-1b / -4b         1 / 4 bits per kept value (x1159 / x945)
+  sparseloco-H30-d1.56-2b   H = 30 (Covenant-72B's; x2155)
+  sparseloco-*-dpadam  the same with --dp-adam-correction (the warm-start, batch-128 setting);
+                       sparseloco-H15-F3-d1.56-2b-dpadam: streaming, 3 fragments in turn
 
     python bench/bench_dp_modes.py [--iters 300] [--runs allreduce,cocktail] [--replot]
     python bench/bench_dp_modes.py --warm-start 300 --out bench/results/warm --runs ...
 
-Writes bench/results/dp_modes.md, dp_modes.json and dp_modes_loss.png.
+Writes bench/results/dp_modes.md, dp_modes.json, dp_modes_loss.png and dp_modes_frontier.png
+(every run's dp byte ratio against its validation-loss gap: the bytes-vs-loss frontier).
 
 --warm-start N: the papers' setting (CocktailSGD fine-tunes pretrained models; DiLoCo starts
 from a pretrained checkpoint). First N iterations of exact all-reduce pretraining are saved
@@ -78,6 +87,11 @@ DPADAM = ["--dp-adam-correction"]
 NPROC = {"isolated": 1}   # every other run: 4 ranks
 
 
+def sparseloco(h: int, density: float, bits: int, fragments: int = 1):
+    return ["--dp-mode", "sparseloco", "--diloco-inner-steps", str(h), "--diloco-fragments",
+            str(fragments), "--sparseloco-density", str(density), "--sparseloco-bits", str(bits)]
+
+
 def diloco(h: int, comp: str = "none"):
     return ["--dp-mode", "diloco", "--diloco-inner-steps", str(h), "--diloco-compression", comp]
 
@@ -117,6 +131,19 @@ RUNS = {
     "pp2-allreduce": PP2,
     "pp2-cocktail": PP2 + COCKTAIL,
     "pp2-diloco-H50-int8": PP2 + diloco(50, "int8"),
+    # SparseLoCo: densities and bit widths around the paper's 1/64 of 4096 at 2 bits, H = 15
+    "sparseloco-H15-d1.56-2b": sparseloco(15, 1 / 64, 2),
+    "sparseloco-H15-d0.78-2b": sparseloco(15, 1 / 128, 2),
+    "sparseloco-H15-d3.13-2b": sparseloco(15, 1 / 32, 2),
+    "sparseloco-H15-d1.56-1b": sparseloco(15, 1 / 64, 1),
+    "sparseloco-H15-d1.56-4b": sparseloco(15, 1 / 64, 4),
+    "sparseloco-H30-d1.56-2b": sparseloco(30, 1 / 64, 2),
+    "sparseloco-H15-d1.56-2b-dpadam": sparseloco(15, 1 / 64, 2) + DPADAM,
+    "sparseloco-H15-d0.78-2b-dpadam": sparseloco(15, 1 / 128, 2) + DPADAM,
+    "sparseloco-H15-d3.13-2b-dpadam": sparseloco(15, 1 / 32, 2) + DPADAM,
+    "sparseloco-H15-d1.56-4b-dpadam": sparseloco(15, 1 / 64, 4) + DPADAM,
+    "sparseloco-H30-d1.56-2b-dpadam": sparseloco(30, 1 / 64, 2) + DPADAM,
+    "sparseloco-H15-F3-d1.56-2b-dpadam": sparseloco(15, 1 / 64, 2, fragments=3) + DPADAM,
 }
 
 
@@ -204,6 +231,34 @@ def warm_checkpoint(out: str, iters: int, global_batch: int, micro_batch: int,
     print(f"warm start: {iters} iterations of all-reduce, validation loss {r.final_valid:.4f}, "
           f"saved to {path}", flush=True)
     return path
+
+
+def plot_frontier(runs, path: str, title: str) -> None:
+    """Each run with a dp byte ratio as a point (ratio, gap to its all-reduce run); log x."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    points = []
+    for r in runs:
+        ref, ratio = reference(r, runs), r.ratio.get("dp")
+        if ref is None or ref is r or not ratio or not ref.final_valid:
+            continue
+        points.append((ratio, (r.final_valid - ref.final_valid) / ref.final_valid * 100, r.name))
+    if not points:
+        return
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for ratio, gap, name in points:
+        ax.scatter(ratio, gap, s=18)
+        ax.annotate(name, (ratio, gap), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    ax.axhline(2.0, color="grey", lw=0.8, ls="--")      # the issues' quality bar
+    ax.axvline(1000.0, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("dp bytes: all-reduce / mode (x fewer)")
+    ax.set_ylabel("final validation loss gap to all-reduce (%)")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def dp_bytes_per_log(log: str):
@@ -295,7 +350,11 @@ def main():
     warm = meta.get("warm_start", 0)
     plot_losses(runs, plot, "demo GPT, dp=4 (pp2-*: pp=2 x dp=2): validation loss per dp mode"
                 + (f", from {warm} all-reduce iterations" if warm else ""), valid_only=True)
-    print(f"table: {os.path.join(a.out, 'dp_modes.md')}\nloss curves: {plot}")
+    frontier = os.path.join(a.out, "dp_modes_frontier.png")
+    plot_frontier(runs, frontier, "demo GPT, dp=4: dp bytes vs validation loss per dp mode"
+                  + (f", from {warm} all-reduce iterations" if warm else ""))
+    print(f"table: {os.path.join(a.out, 'dp_modes.md')}\nloss curves: {plot}\n"
+          f"frontier: {frontier}")
 
 
 if __name__ == "__main__":
