@@ -6,7 +6,8 @@
 - resume is bit-exact at (tp, pp, dp) = (1, 2, 2) with each mode on (8 straight iterations of
   losses == 4 + save + load + 4), with every piece of mode state in the checkpoint: the
   CocktailSGD exchange in flight at the save, its server errors and stochastic-rounding
-  generators, DiLoCo's global copy / momentum / residuals mid-period with streaming fragments.
+  generators, DiLoCo's global copy / momentum / residuals mid-period with streaming fragments,
+  SparseLoCo's error buffers, rounding generators and an exchange in flight.
   preduce runs at --ssp-bound 1 here: its partial groups depend on arrival timing, so no two
   runs with partial groups are reproducible, interrupted or not.
 """
@@ -55,6 +56,11 @@ MODES = {
     # a reduce in flight at the save (fragment 1 starts after step 4, applied after step 6)
     "diloco-delay": {"dp-mode": "diloco", "diloco-inner-steps": 8, "diloco-fragments": 2,
                      "diloco-sync-delay": 2, "diloco-outer-momentum": 0.5},
+    # SparseLoCo: error buffers of two fragments, a stochastic-rounding generator and an
+    # exchange in flight at the save (fragment 0 syncs after step 4, applied after step 5)
+    "sparseloco": {"dp-mode": "sparseloco", "diloco-inner-steps": 4, "diloco-fragments": 2,
+                   "diloco-sync-delay": 1, "sparseloco-chunk-size": 256,
+                   "sparseloco-density": 0.125, "stochastic-rounding": True},
     "preduce": {"dp-mode": "preduce", "ssp-bound": 1},
     # with the replica Adam correction: its state is AdamW's, saved and loaded by name
     "adpsgd": {"dp-mode": "adpsgd", "dp-adam-correction": True},
@@ -121,6 +127,19 @@ def test_resume_bit_exact_with_each_dp_mode(tiny_corpus, tmp_path):
     ({"dp-mode": "diloco", "diloco-inner-steps": 4, "diloco-fragments": 2,
       "diloco-sync-delay": 2}, 2, "--diloco-sync-delay"),
     ({"dp-mode": "diloco", "diloco-outer-momentum": 1.0}, 2, "--diloco-outer-momentum"),
+    ({"dp-mode": "sparseloco", "sparseloco-density": 0.0}, 2, "--sparseloco-density"),
+    ({"dp-mode": "sparseloco", "sparseloco-density": 1.5}, 2, "--sparseloco-density"),
+    ({"dp-mode": "sparseloco", "sparseloco-chunk-size": 0}, 2, "--sparseloco-chunk-size"),
+    ({"dp-mode": "sparseloco", "sparseloco-bits": 9}, 2, "--sparseloco-bits"),
+    ({"dp-mode": "sparseloco", "sparseloco-error-decay": 1.5}, 2, "--sparseloco-error-decay"),
+    ({"dp-mode": "sparseloco", "sparseloco-outer-lr": 0.0}, 2, "--sparseloco-outer-lr"),
+    ({"dp-mode": "sparseloco", "diloco-inner-steps": 4, "diloco-fragments": 3}, 2,
+     "--diloco-fragments"),
+    ({"dp-mode": "sparseloco", "diloco-outer-momentum": 0.5}, 2,
+     "--diloco-outer-momentum configures --dp-mode diloco"),
+    ({"dp-mode": "diloco", "sparseloco-bits": 4}, 2,
+     "--sparseloco-bits configures --dp-mode sparseloco"),
+    ({"dp-mode": "sparseloco"}, 1, "data-parallel size is 1"),
     ({"dp-mode": "preduce"}, 1, "data-parallel size is 1"),
     ({"dp-mode": "preduce", "ssp-bound": 0}, 2, "--ssp-bound"),
     ({"dp-mode": "adpsgd", "hetero": 1.0}, 2, "--hetero"),
