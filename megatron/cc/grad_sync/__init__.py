@@ -8,6 +8,9 @@
   parameter-syncing dp modes (--dp-mode), acting after the optimizer step:
     cocktail.py         CocktailSGDSync: compressed parameter deltas, sharded, one step stale
     diloco.py           DiLoCoSync: H inner steps, outer Nesterov step, streaming fragments
+    sparseloco.py       SparseLoCoSync: DiLoCo's loop, decayed error feedback, chunked top-k
+                        at 2 bits (compress/chunk_topk.py), outer SGD
+    gather_exchange.py  GatherExchange: one all-gather of fixed-size compressed payloads
     preduce.py          PartialReduceSync (SD-PIPE) and ADPSGDSync (pairwise gossip)
     preduce_sched.py    SD-PIPE's scheduling rules: per-stage schedules, windows, pairs
     sharded_exchange.py ShardedExchange: compressed reduce-scatter + all-gather with server error
