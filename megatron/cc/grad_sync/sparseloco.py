@@ -27,8 +27,8 @@ m = ceil(n / C) chunks, i = ceil(log2 C) index bits (12 for C = 4096):
     raw     = 4 n H                                      the fp32 gradient all-reduce of
                                                          every inner step since the last sync
 
-The demo model's stage (n ~ 7.3M, D = 4, H = 15): P = n (64*14/8 + 2) / 4096 ~ 0.0278 n,
-counted ~ 0.0557 n, raw / counted ~ x1078.
+The demo model (bench_dp_modes.py: n = 5.34M = 1304 chunks, D = 4, H = 15): P = 1304 x
+(96 + 16 + 2) = 148,656 B, counted 297,312 B per sync, raw / counted = x1078.
 
 State (checkpoint): diloco.py's (theta_g and the error buffer e_i per fragment; no momentum)
 and the codec's stochastic-rounding generator.
