@@ -15,7 +15,8 @@ What is faked, and how (all undone on exit, in reverse order):
 - Host syncs. A data-dependent read of a cuda value (.item(), bool(), int(), .tolist(),
   nonzero, boolean-mask indexing) and a blocking device-to-host copy (.cpu(), .to("cpu"),
   copy_ into pageable host memory) are recorded with the first frame of this repository
-  that caused them (`gpu.events`); inside `gpu.strict()` a read raises HostSync at once.
+  that caused them (`gpu.events`); inside `gpu.strict()` a read or a blocking copy down
+  raises HostSync at once (stream syncs are recorded: gloo's staging needs one).
   Outside strict blocks a read returns 0 (the "no overflow / nothing found" value), so a
   training step can run through megatron-core's legitimate per-step reads (loss, grad norm).
 - torch.cuda: is_available/device_count/current_device/set_device/synchronize/streams/
@@ -725,7 +726,7 @@ class FakeGPU:
     def _record(self, kind: str, op: str) -> None:
         ev = Event(kind, op, _where())
         self.events.append(ev)
-        if self._strict and kind in ("read", "d2h", "sync"):
+        if self._strict and kind in ("read", "d2h"):
             raise HostSync(f"host sync inside a strict block: {ev}")
 
     def _read(self, func, t):
@@ -737,15 +738,18 @@ class FakeGPU:
             return False
         return 0.0 if t.is_floating_point() else 0
 
-    def syncs(self, kind: Optional[str] = None, under: Optional[str] = None) -> List[Event]:
-        """Recorded events of `kind` (all host-blocking kinds by default) from `under/`."""
+    def syncs(self, kind: Optional[str] = None, under: Optional[str] = None,
+              since: int = 0) -> List[Event]:
+        """Events of `kind` (every host-blocking kind by default) recorded since event number
+        `since`, from code under `under` (a path prefix)."""
         kinds = (kind,) if kind else ("read", "d2h", "sync")
-        return [e for e in self.events if e.kind in kinds and (under is None or
-                                                               e.where.startswith(under))]
+        return [e for e in self.events[since:] if e.kind in kinds and
+                (under is None or e.where.startswith(under))]
 
     @contextlib.contextmanager
     def strict(self):
-        """Any host read of a cuda value (or blocking copy down / stream sync) raises."""
+        """Any host read of a cuda value or blocking copy down raises at once. Stream syncs
+        are only recorded: gloo's staging needs one, by design (tests assert where)."""
         self._strict += 1
         try:
             yield

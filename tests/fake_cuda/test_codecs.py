@@ -25,6 +25,7 @@ def test_every_registered_codec_has_a_case():
 
 
 def _round(gpu, enc, dec, dtype, microbatches=range(3), iteration=0):
+    start = len(gpu.events)
     for mb in microbatches:
         x = torch.randn(SHAPE).to(gpu.device, dtype)
         ctx = context(SHAPE, microbatch=mb % 2, iteration=iteration)
@@ -39,6 +40,7 @@ def _round(gpu, enc, dec, dtype, microbatches=range(3), iteration=0):
         assert {p.device for p in payload} == {gpu.device}
         assert y.device == gpu.device and y.dtype == dtype and y.shape == x.shape
         assert z.device == gpu.device
+    assert gpu.syncs(since=start) == []
 
 
 def _resumed(name, kwargs, sd, device):
