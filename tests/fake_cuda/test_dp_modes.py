@@ -36,6 +36,9 @@ MODES = {
                               "diloco-compression": "int8", "diloco-fragments": 2},
     "diloco-cocktail-delay": {"dp-mode": "diloco", "diloco-inner-steps": 2,
                               "diloco-compression": "cocktail", "diloco-sync-delay": 1},
+    "sparseloco": {"dp-mode": "sparseloco", "diloco-inner-steps": 1},
+    "sparseloco-delay": {"dp-mode": "sparseloco", "diloco-inner-steps": 2,
+                         "diloco-sync-delay": 1, "stochastic-rounding": True},
     "preduce": {"dp-mode": "preduce", "ssp-bound": 1},
     "adpsgd": {"dp-mode": "adpsgd"},
 }
@@ -111,8 +114,8 @@ def _off_gpu(state, gpu, path="state"):
 
 # on NCCL (every tensor a collective takes must be on this rank's GPU) one mode per code
 # path: the variants above differ in their compute, not in what they hand the backend
-NCCL_MODES = ("allreduce", "powersgd", "cocktail", "diloco-int8-fragments", "preduce",
-              "adpsgd")
+NCCL_MODES = ("allreduce", "powersgd", "cocktail", "diloco-int8-fragments", "sparseloco",
+              "preduce", "adpsgd")
 
 
 RUNS = [("gloo", m) for m in MODES] + [("nccl", m) for m in NCCL_MODES]
