@@ -28,7 +28,8 @@ import math
 import torch
 
 from .base import Codec, parse_dtype, register
-from .quant import dequantize, pack_bits, packed_nbytes, quantize, unpack_bits
+from . import fused
+from .quant import pack_bits, packed_nbytes, quantize
 from .rng import DeviceGenerator
 
 
@@ -97,17 +98,24 @@ class CocktailCodec(Codec):
         vals = torch.where(valid, flat[idx.clamp(max=max(numel - 1, 0))].float(), 0.0)
         gen = None if self.rng is None else self.rng.get(flat.device)
         if k == n_rand:   # everything sampled is kept (a pad, if any, carries 0): no mask
-            codes, scales = quantize(vals, self.bits, "bucket", self.bucket_size,
-                                     self.scale_dtype, gen, self.scheme)
-            return [torch.empty(0, dtype=torch.uint8, device=flat.device),
-                    pack_bits(codes, self.bits), scales]
+            packed, scales = self._values(vals, gen)
+            return [torch.empty(0, dtype=torch.uint8, device=flat.device), packed, scales]
         mag = torch.where(valid, vals.abs(), -1.0)  # pads lose against every real entry
         keep = mag.topk(k, sorted=False).indices.sort().values
         mask = torch.zeros(n_rand, dtype=torch.uint8, device=flat.device)
         mask[keep] = 1
-        codes, scales = quantize(vals[keep], self.bits, "bucket", self.bucket_size,
-                                 self.scale_dtype, gen, self.scheme)
-        return [pack_bits(mask, 1), pack_bits(codes, self.bits), scales]
+        packed, scales = self._values(vals[keep], gen)
+        return [fused.pack_bits(mask, 1), packed, scales]
+
+    def _values(self, vals: torch.Tensor, gen) -> tuple[torch.Tensor, torch.Tensor]:
+        """(packed codes, scales) of the kept values: one Triton pass each way on CUDA when
+        rounding to nearest (fused.py), quant.py's eager functions otherwise."""
+        if gen is None:
+            return fused.encode(vals, self.bits, "bucket", self.bucket_size, self.scale_dtype,
+                                self.scheme)
+        codes, scales = quantize(vals, self.bits, "bucket", self.bucket_size, self.scale_dtype,
+                                 gen, self.scheme)
+        return pack_bits(codes, self.bits), scales
 
     def decompress(self, payload: list[torch.Tensor], numel: int, step: int,
                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -115,12 +123,11 @@ class CocktailCodec(Codec):
         would sync the host): `mask_ok` tells."""
         n_rand, k = self.sizes(numel)
         device = payload[0].device
-        codes = unpack_bits(payload[1], self.bits, k)
-        vals = dequantize(codes, payload[2], self.bits, (k,), "bucket", self.bucket_size,
-                          scheme=self.scheme)
+        vals = fused.decode(payload[1], payload[2], self.bits, (k,), "bucket", self.bucket_size,
+                            torch.float32, self.scheme)
         idx = self.random_indices(numel, step, device)
         if k < n_rand:
-            mask = unpack_bits(payload[0], 1, n_rand)
+            mask = fused.unpack_bits(payload[0], 1, n_rand)
             # The k set positions in subset order: a stable sort puts the ones first.
             idx = idx[torch.sort(mask, descending=True, stable=True).indices[:k]]
         # Pads (positions >= numel) land in a tail that is cut off.
@@ -133,7 +140,7 @@ class CocktailCodec(Codec):
         n_rand, k = self.sizes(numel)
         if k == n_rand:
             return payload[0].numel() == 0
-        return int(unpack_bits(payload[0], 1, n_rand).sum()) == k
+        return int(fused.unpack_bits(payload[0], 1, n_rand).sum()) == k
 
     def encode(self, x, ctx):
         return self.compress(x, ctx.iteration)
