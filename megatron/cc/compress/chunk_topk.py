@@ -107,8 +107,9 @@ class ChunkTopKCodec(Codec):
         if self.dense():
             vals, idx = chunks, torch.empty(0, dtype=torch.uint8, device=flat.device)
         else:
-            pos = torch.arange(m * self.C, device=flat.device).view(m, self.C)
-            mag = torch.where(pos < n, chunks.abs(), -1.0)    # pads lose to every real entry
+            # pads lose to every real entry
+            mag = torch.nn.functional.pad(flat.abs(), (0, m * self.C - n), value=-1.0)
+            mag = mag.view(m, self.C)
             keep = mag.topk(k, dim=1, sorted=False).indices.sort(dim=1).values   # (m, k)
             vals = chunks.gather(1, keep)
             idx = pack_uints(keep, self.ibits)
