@@ -87,7 +87,7 @@ def matrix_dims(shape) -> tuple[int, int]:
     return (math.prod(shape) // m if m else 0), m
 
 
-def _key(shape) -> str:
+def shape_key(shape) -> str:
     return "x".join(str(int(s)) for s in shape)
 
 
@@ -134,7 +134,7 @@ class LowRankCodec(Codec):
 
     def error(self, shape) -> torch.Tensor | None:
         """The LEP error buffer for messages of `shape` (n x m, fp32), or None."""
-        return self.errors.get(_key(shape))
+        return self.errors.get(shape_key(shape))
 
     def _initial_q(self, m: int, device) -> torch.Tensor:
         # Drawn on the CPU (the same Q on every device), then moved: once per shape.
@@ -143,7 +143,7 @@ class LowRankCodec(Codec):
 
     def encode(self, x, ctx=None):
         n, m = matrix_dims(x.shape)
-        key, pd = _key(x.shape), self.payload_dtype or x.dtype
+        key, pd = shape_key(x.shape), self.payload_dtype or x.dtype
         M = x.reshape(n, m).float()
         if self.error_feedback and key in self.errors:
             M = M + self.errors[key].to(M.device)  # no-op unless state was loaded elsewhere
@@ -173,7 +173,7 @@ class LowRankCodec(Codec):
         return payload
 
     def pass_through(self, x, ctx=None):
-        key = _key(x.shape)
+        key = shape_key(x.shape)
         if not (self.error_feedback and self.flush_on_uncompressed and key in self.errors):
             return x
         M = x.reshape(self.errors[key].shape).float() + self.errors[key].to(x.device)

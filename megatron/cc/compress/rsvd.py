@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Codec, parse_dtype, register
-from .lowrank import matrix_dims, orthogonalize_
+from .base import register
+from .lowrank import LowRankCodec, matrix_dims, orthogonalize_, shape_key
 
 _MIX = 0x9E3779B97F4A7C15   # odd 64-bit constant: distinct (seed, i, j) give distinct seeds
 
@@ -67,7 +67,7 @@ def range_and_coefficients(M: torch.Tensor, omega: torch.Tensor, niter: int, eps
 
 
 @register("rsvd")
-class RandomizedSVDCodec(Codec):
+class RandomizedSVDCodec(LowRankCodec):
     """CB with a randomized SVD per message (`--inter-grad-comp-type RandomizedSVD`), with LEP.
 
     The keyword arguments are the 'lowrank' codec's, with the same meaning, so the CB wiring
@@ -84,33 +84,13 @@ class RandomizedSVDCodec(Codec):
     def __init__(self, rank: int = 12, error_feedback: bool = False, payload_dtype=None,
                  seed: int = 0, eps: float = 1e-8, flush_on_uncompressed: bool = False,
                  power_iters: int = 1):
-        if rank < 1:
-            raise ValueError(f"rank must be >= 1, got {rank}")
-        if power_iters < 1:
-            raise ValueError(f"power_iters must be >= 1, got {power_iters}")
-        self.rank, self.error_feedback, self.seed, self.eps = rank, error_feedback, seed, eps
-        self.flush_on_uncompressed, self.power_iters = flush_on_uncompressed, power_iters
-        self.payload_dtype = parse_dtype(payload_dtype)
-        self.errors: dict[str, torch.Tensor] = {}   # shape key -> E (n x m), fp32
-        self._gaussian = SeededGaussian()
-
-    def full_rank(self, shape) -> bool:
-        n, m = matrix_dims(shape)
-        return self.rank >= min(n, m)
-
-    def payload_spec(self, shape, dtype):
-        n, m = matrix_dims(shape)
-        pd = self.payload_dtype or dtype
-        if self.full_rank(shape):
-            return [((n, m), pd)]
-        return [((n, self.rank), pd), ((m, self.rank), pd)]
-
-    def error(self, shape) -> torch.Tensor | None:
-        return self.errors.get(_key(shape))
+        super().__init__(rank, error_feedback, payload_dtype, seed, eps, flush_on_uncompressed,
+                         power_iters)
+        self._gaussian = SeededGaussian()   # Omega drawn per message: no Q to keep
 
     def encode(self, x, ctx=None):
         n, m = matrix_dims(x.shape)
-        key, pd = _key(x.shape), self.payload_dtype or x.dtype
+        key, pd = shape_key(x.shape), self.payload_dtype or x.dtype
         M = x.reshape(n, m).float()
         if self.error_feedback and key in self.errors:
             M = M + self.errors[key].to(M.device)
@@ -127,21 +107,6 @@ class RandomizedSVDCodec(Codec):
             self.errors[key] = M - sent
         return payload
 
-    def pass_through(self, x, ctx=None):
-        key = _key(x.shape)
-        if not (self.error_feedback and self.flush_on_uncompressed and key in self.errors):
-            return x
-        M = x.reshape(self.errors[key].shape).float() + self.errors[key].to(x.device)
-        sent = M.to(x.dtype)
-        self.errors[key] = M - sent.float()     # zero unless the cast rounds
-        return sent.reshape(x.shape)
-
-    def decode(self, payload, shape, dtype, ctx=None):
-        if len(payload) == 1:
-            return payload[0].reshape(shape).to(dtype)
-        P, B = payload
-        return (P.float() @ B.float().t()).reshape(shape).to(dtype)
-
     def state_dict(self):
         return {"errors": {k: v.clone() for k, v in self.errors.items()}, "seed": self.seed}
 
@@ -156,7 +121,3 @@ def check_seed(sd: dict, seed: int, what: str) -> None:
     if saved is not None and saved != seed:
         raise ValueError(f"{what} was checkpointed with --comp-seed {saved}, this run has "
                          f"{seed}: resume with --comp-seed {saved} (or start a new run)")
-
-
-def _key(shape) -> str:
-    return "x".join(str(int(s)) for s in shape)

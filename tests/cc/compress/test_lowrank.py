@@ -1,5 +1,7 @@
 """Optimus-CC compressed backprop (PowerSGD step) and lazy error propagation."""
+import importlib.util
 import math
+import pathlib
 
 import pytest
 import torch
@@ -213,17 +215,16 @@ def test_full_rank_boundary_uses_formula():
         assert math.prod(c.payload_spec((n, m), torch.float32)[0][0]) in (n * m, n * r)
 
 
-def _slowly_varying_low_rank(t: int, n=256, m=256, rank=4, noise=1e-3, seed=1234):
-    """Message t of a rank-`rank` gradient whose factors rotate slowly, plus Gaussian noise
-    (the setting of issue 23's table: the seed's CB stays at 0.0005 relative error)."""
-    g = torch.Generator().manual_seed(seed)
-    u0, u1 = torch.randn(n, rank, generator=g), torch.randn(n, rank, generator=g)
-    v0, v1 = torch.randn(m, rank, generator=g), torch.randn(m, rank, generator=g)
-    s = torch.tensor([8.0, 4.0, 2.0, 1.0][:rank])
-    a = 0.05 * t
-    u, v = math.cos(a) * u0 + math.sin(a) * u1, math.cos(a) * v0 + math.sin(a) * v1
-    gn = torch.Generator().manual_seed(seed + 1 + t)
-    return (u * s) @ v.t() / math.sqrt(n * m) * 16 + noise * torch.randn(n, m, generator=gn)
+def _slowly_varying_low_rank(t: int):
+    """Message t of a rank-4 gradient whose factors rotate slowly, plus 1e-3 noise (the setting
+    of issue 23's table: the seed's CB stays at 0.0005 relative error); the generator of
+    bench/bench_codec_fidelity.py, data (c)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_codec_fidelity", pathlib.Path(__file__).parents[3] / "bench" /
+        "bench_codec_fidelity.py")
+    fid = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fid)
+    return fid.low_rank_sequence(t)
 
 
 @pytest.mark.parametrize("power_iters", [1, 2])
