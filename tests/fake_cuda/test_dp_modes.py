@@ -114,8 +114,9 @@ def _off_gpu(state, gpu, path="state"):
 
 # on NCCL (every tensor a collective takes must be on this rank's GPU) one mode per code
 # path: the variants above differ in their compute, not in what they hand the backend
-NCCL_MODES = ("allreduce", "powersgd", "cocktail", "diloco-int8-fragments", "sparseloco",
-              "preduce", "adpsgd")
+# (CocktailSGD's exchange is the ShardedExchange diloco-int8-fragments runs)
+NCCL_MODES = ("allreduce", "powersgd", "diloco-int8-fragments", "sparseloco", "preduce",
+              "adpsgd")
 
 
 RUNS = [("gloo", m) for m in MODES] + [("nccl", m) for m in NCCL_MODES]
