@@ -78,19 +78,32 @@ def assert_on_gpu(trainer, gpu, stepped=True):
     assert not off, f"not on {gpu.device}: {off}"
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, monkeypatch):
-    trainer = build_trainer(gpu, _argv(tiny_corpus, family, dtype))
+RUNS = [(f, d, "gloo") for f in FAMILIES for d in DTYPES] + [("gpt2", "bf16", "nccl")]
+
+
+@pytest.mark.parametrize("family,dtype,backend", RUNS, ids=["-".join(r) for r in RUNS])
+def test_step_eval_checkpoint_resume(fake_gpu, tiny_corpus, tmp_path, family, dtype, backend,
+                                     monkeypatch):
+    """gloo: several ranks may share a GPU (tests/gpu runs 8 on one); NCCL: one per GPU."""
+    with fake_gpu(backend=backend) as gpu:
+        _step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, backend,
+                                     monkeypatch)
+
+
+def _step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, backend,
+                                 monkeypatch):
+    argv = _argv(tiny_corpus, family, dtype, **{"distributed-backend": backend})
+    trainer = build_trainer(gpu, argv)
     assert_on_gpu(trainer, gpu, stepped=False)
     start = len(gpu.events)
     metrics = trainer.train_step()
     assert trainer.iteration == 1 and isinstance(metrics["lm loss"], float)
     assert_on_gpu(trainer, gpu)
     assert unexpected_reads(gpu, start) == []
-    # the dp channel synchronised the grad buffers without a coalesced gloo all-reduce
+    # the dp channel synchronised the grad buffers (gloo: without a coalesced all-reduce)
     calls = [c for c, be, devs in gpu.dist.log if devs == (str(gpu.device),)]
-    assert "all_reduce" in calls and "all_reduce (coalesced)" not in calls
+    assert {"all_reduce", "all_reduce (coalesced)"} & set(calls)
+    assert backend == "nccl" or "all_reduce (coalesced)" not in calls
 
     start = len(gpu.events)
     trainer.evaluate()
@@ -101,7 +114,7 @@ def test_step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, 
     from megatron.core import parallel_state as ps
     ps.destroy_model_parallel()
     gpu.ddp_models.clear()
-    resumed = build_trainer(gpu, _argv(tiny_corpus, family, dtype, load=str(tmp_path)))
+    resumed = build_trainer(gpu, argv + ["--load", str(tmp_path)])
     assert resumed.iteration == 1
     assert_on_gpu(resumed, gpu)   # loaded optimizer state landed on the GPU
     start = len(gpu.events)
