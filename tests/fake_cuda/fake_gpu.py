@@ -151,7 +151,7 @@ def guard_library():
     lib = os.path.join(out_dir, f"guard_{key}.so")
     if not os.path.exists(lib):
         os.makedirs(out_dir, exist_ok=True)
-        src = os.path.join(out_dir, f"guard_{key}.cpp")
+        src = os.path.join(out_dir, f"guard_{key}.{os.getpid()}.cpp")   # concurrent builds
         with open(src, "w") as f:
             f.write(_GUARD_SOURCE)
         tmp = f"{lib}.{os.getpid()}.tmp"

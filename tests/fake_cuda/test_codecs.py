@@ -13,7 +13,7 @@ import torch
 
 from megatron.cc.compress import REGISTRY
 from megatron.cc.compress.base import check_payload
-from tests.cc.compress.codec_cases import CASES, IDS, build, context
+from tests.cc.compress.codec_cases import CASES, build, context
 from tests.fake_cuda.fake_gpu import real_copy
 
 SHAPE = (16, 2, 48)   # (S, B, H)
