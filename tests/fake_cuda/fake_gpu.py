@@ -61,6 +61,7 @@ when a torch or megatron-core upgrade moves what is patched here.
 from __future__ import annotations
 
 import contextlib
+import gc
 import ctypes
 import hashlib
 import importlib
@@ -120,21 +121,18 @@ UNSHIMMED = _capture_unshimmed()
 
 _GUARD_SOURCE = r"""
 #include <c10/core/impl/FakeGuardImpl.h>
-// c10's test device guard, registered for CUDA on a CPU-only build while a FakeGPU is active:
-// autograd records a stream per input, and without a guard the process aborts.
+// c10's test device guard, registered for CUDA on a CPU-only build from the first FakeGPU on
+// (for the rest of the process): autograd records a stream per input, and without a guard the
+// process aborts.
 namespace {
 c10::impl::FakeGuardImpl<c10::DeviceType::CUDA> guard;
-const c10::impl::DeviceGuardImplInterface* previous = nullptr;
 auto& slot() { return c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CUDA)]; }
 }
 extern "C" int fake_cuda_guard_install() {
-  previous = slot().load();
+  auto* previous = slot().load();
   if (previous != nullptr && previous != &guard) return 0;  // a real CUDA build: keep its guard
   slot().store(&guard);
   return 1;
-}
-extern "C" void fake_cuda_guard_uninstall() {
-  if (slot().load() == &guard) slot().store(previous);
 }
 """
 _guard_lib = None
@@ -807,8 +805,11 @@ class FakeGPU:
             raise RuntimeError(lib)
         self._stack = stack = contextlib.ExitStack()
         try:
-            if lib.fake_cuda_guard_install():
-                stack.callback(lib.fake_cuda_guard_uninstall)
+            # The guard stays installed once used: fake tensors freed later (cycles collected
+            # after the test, or in a forked child of a later test, which segfaulted) still
+            # release through it. A CPU-only torch has no other CUDA guard to restore.
+            lib.fake_cuda_guard_install()
+            stack.callback(gc.collect)   # free this GPU's fake tensors while it is active
             self._patch_torch_cuda(stack)
             self._patch_megatron(stack)
             self._patch_dist(stack)
