@@ -217,10 +217,12 @@ def dump_line(doc: dict) -> str:
 # ----------------------------------------------------------------------------- workers
 
 def _pool_context():
-    # fork starts workers in milliseconds and shares read-only tables (n-gram sets,
-    # tokenizers) copy-on-write; every worker function here is also spawn-safe.
+    # forkserver: workers fork from a clean server process, not from this one, which may hold
+    # threads and native state (torch's pools, a test's fake CUDA guard) that a forked child
+    # inherits half-done (seen: a worker segfaulting in its first garbage collection). Every
+    # worker function here is spawn-safe; spawn where forkserver is missing.
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else None)
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
 def parallel_map(fn: Callable, items: Iterable, workers: int = 1, initializer: Callable | None = None,
