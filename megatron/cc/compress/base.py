@@ -69,6 +69,28 @@ class Codec:
         return f"{type(self).__name__}({self.name!r})"
 
 
+class StepCodec(Codec):
+    """A flat codec driven by the training step (CocktailSGD's rolling mask, SparseLoCo's
+    chunks): subclasses give compress(x, step) and decompress(payload, numel, step, dtype);
+    as a Codec the step is ctx.iteration. Its state is the stochastic-rounding generator
+    `self.rng` (None: rounding to nearest, no state)."""
+
+    rng = None
+
+    def encode(self, x, ctx):
+        return self.compress(x, ctx.iteration)
+
+    def decode(self, payload, shape, dtype, ctx):
+        return self.decompress(payload, _numel(shape), ctx.iteration, dtype).reshape(shape)
+
+    def state_dict(self):
+        return {} if self.rng is None else self.rng.state_dict()
+
+    def load_state_dict(self, sd):
+        if self.rng is not None:
+            self.rng.load_state_dict(sd)
+
+
 def _numel(shape) -> int:
     n = 1
     for s in shape:

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from .base import Codec, parse_dtype
+from .base import StepCodec, parse_dtype
 from .quant import dequantize, pack_bits, packed_nbytes, quantize, unpack_bits
 from .rng import DeviceGenerator
 
@@ -49,7 +49,7 @@ def unpack_uints(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     return (stream << shifts).sum(dim=1)
 
 
-class ChunkTopKCodec(Codec):
+class ChunkTopKCodec(StepCodec):
     """Chunked top-k + compact indices + b-bit values; flat contract compress / decompress
     (grad_sync/flat_codecs.py). Not in the codec registry: it serves the dp exchange only.
 
@@ -132,16 +132,3 @@ class ChunkTopKCodec(Codec):
             out.scatter_(1, keep, vals)
             out = out.reshape(-1)
         return out[:numel].to(dtype)   # pads (positions >= numel) are cut off
-
-    def encode(self, x, ctx):
-        return self.compress(x, ctx.iteration)
-
-    def decode(self, payload, shape, dtype, ctx):
-        return self.decompress(payload, math.prod(shape), ctx.iteration, dtype).reshape(shape)
-
-    def state_dict(self):
-        return {} if self.rng is None else self.rng.state_dict()
-
-    def load_state_dict(self, sd):
-        if self.rng is not None:
-            self.rng.load_state_dict(sd)

@@ -207,7 +207,7 @@ def group_grid(scales: torch.Tensor, bits: int, scheme: str = "fitted"):
     rise, tread = _grid_params(bits, False), _grid_params(bits, True)
     neg = scales < 0
     c0 = torch.where(neg, tread[0], rise[0]).float()
-    return c0, c0.clone()   # c0 == lps on both grids
+    return c0, c0   # c0 == lps on both grids (read only)
 
 
 def quant_step(scales: torch.Tensor, bits: int, scheme: str = "fitted") -> torch.Tensor:
@@ -272,21 +272,21 @@ def _fit_scales(xg: torch.Tensor, red: int, bits: int, scale_dtype,
 
         grid_s = store_scale(amax, scale_dtype)
         grid_err, grid_k = err_and_codes(grid_s)
-        for ratio in (_TREAD_RATIOS if midtread else _FIT_RATIOS)[1:]:
-            s = store_scale(amax * ratio, scale_dtype)
+
+        def keep_better(s):
+            nonlocal grid_s, grid_err, grid_k
             err, k = err_and_codes(s)
             better = err < grid_err
             grid_s, grid_err = torch.where(better, s, grid_s), torch.where(better, err, grid_err)
             grid_k = torch.where(better, k, grid_k)
+
+        for ratio in (_TREAD_RATIOS if midtread else _FIT_RATIOS)[1:]:
+            keep_better(store_scale(amax * ratio, scale_dtype))
         for _ in range(_FIT_REFITS):  # least-squares step for the codes chosen so far
             num = (xg * grid_k).sum(dim=red, keepdim=True)
             den = grid_k.square().sum(dim=red, keepdim=True)
             step = torch.where(den > 0, num / den.clamp_min(1e-30), torch.zeros_like(num))
-            s = store_scale(step.clamp_min(0) * lps, scale_dtype)
-            err, k = err_and_codes(s)
-            better = err < grid_err
-            grid_s, grid_err = torch.where(better, s, grid_s), torch.where(better, err, grid_err)
-            grid_k = torch.where(better, k, grid_k)
+            keep_better(store_scale(step.clamp_min(0) * lps, scale_dtype))
         if best_s is None:
             best_s, best_err = grid_s, grid_err
         else:  # strictly better only: ties keep the symmetric grid

@@ -27,14 +27,14 @@ import math
 
 import torch
 
-from .base import Codec, parse_dtype, register
+from .base import StepCodec, parse_dtype, register
 from . import fused
 from .quant import pack_bits, packed_nbytes, quantize
 from .rng import DeviceGenerator
 
 
 @register("cocktail")
-class CocktailCodec(Codec):
+class CocktailCodec(StepCodec):
     """CocktailSGD sparsify + quantise; pure: compress(x, step) / decompress(payload, numel, step).
 
     Args:
@@ -141,16 +141,3 @@ class CocktailCodec(Codec):
         if k == n_rand:
             return payload[0].numel() == 0
         return int(fused.unpack_bits(payload[0], 1, n_rand).sum()) == k
-
-    def encode(self, x, ctx):
-        return self.compress(x, ctx.iteration)
-
-    def decode(self, payload, shape, dtype, ctx):
-        return self.decompress(payload, math.prod(shape), ctx.iteration, dtype).reshape(shape)
-
-    def state_dict(self):
-        return {} if self.rng is None else self.rng.state_dict()
-
-    def load_state_dict(self, sd):
-        if self.rng is not None:
-            self.rng.load_state_dict(sd)
