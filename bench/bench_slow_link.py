@@ -66,6 +66,8 @@ CONFIGS: Dict[str, tuple] = {
     "all-pipeline": ("pp", FP4 + CB + LEP),
     "uncompressed-dp": ("dp", []),
     "sc16": ("dp", SC),
+    # SparseLoCo at its codec defaults with the paper's H = 15: dp bytes every 15th step only
+    "sparseloco-dp": ("dp", ["--dp-mode", "sparseloco", "--diloco-inner-steps", "15"]),
     "uncompressed-both": ("both", []),
     "everything": ("both", FP4 + CB + LEP + SC),
 }
@@ -153,10 +155,32 @@ def summarise(lines: List[dict], counters: Dict[int, dict], skip: int, crossing)
         for c, v in l["wait_ms"].items():
             wait[c] = wait.get(c, 0.0) + v / len(measured)
     ms = [l["ms"] for l in measured]
-    return {"ms_per_iter": statistics.median(ms), "ms_min": min(ms),
-            "wire_bytes": wire_payload(counters[skip], counters[end]) / n,
-            "logged_bytes": logged, "final_loss": last_loss(lines), "wait_ms": wait,
-            "iterations": n}
+    wire = wire_payload(counters[skip], counters[end])
+    rec = {"ms_per_iter": statistics.median(ms), "ms_min": min(ms), "ms_mean": statistics.mean(ms),
+           "wire_bytes": wire / n, "logged_bytes": logged, "final_loss": last_loss(lines),
+           "wait_ms": wait, "iterations": n}
+    rec.update(periodic_dp(measured, counters, skip, end, wire))
+    return rec
+
+
+def periodic_dp(measured: List[dict], counters: Dict[int, dict], skip: int, end: int,
+                wire: float) -> dict:
+    """A dp mode that syncs every H-th step (DiLoCo, SparseLoCo): the dp payload on the wire.
+
+    Every iteration also moves a constant few KB across the link (the log line's all-gather, the
+    loss all-reduce); the median iteration is a quiet one, so the dp payload is the window's
+    wire bytes less n median iterations. The window ends after the last sync has drained (its
+    exchange may overlap the next steps), which the caller's --iters must allow.
+    """
+    syncs = [l for l in measured if l["bytes"].get("dp", 0.0) > 0]
+    if not syncs or len(syncs) * 2 >= len(measured):
+        return {}
+    per_iter = [wire_payload(counters[i - 1], counters[i]) for i in range(skip + 1, end + 1)
+                if i - 1 in counters and i in counters]
+    quiet = statistics.median(per_iter)
+    return {"syncs": len(syncs), "dp_logged_per_sync": sum(l["bytes"]["dp"] for l in syncs)
+            / len(syncs), "dp_wire_per_sync": (wire - quiet * (end - skip)) / len(syncs),
+            "quiet_wire_per_iter": quiet}
 
 
 def last_loss(lines: List[dict]) -> float:
@@ -347,6 +371,27 @@ def table(records: List[dict]) -> str:
     return "\n".join(out)
 
 
+def periodic_table(records: List[dict]) -> str:
+    """Periodic dp modes: mean ms/iter over whole sync periods (the median would hide the sync
+    step) against the unthrottled synchronous all-reduce, and the dp payload per sync."""
+    rows = [r for r in records if r.get("syncs")]
+    if not rows:
+        return ""
+    base = next((r for r in records if (r["config"], r["rate"], r["overlap"])
+                 == ("uncompressed-dp", "none", False)), None)
+    out = ["| link | configuration | mode | ms/iter mean | vs unthrottled all-reduce (sync, "
+           "mean) | syncs | dp logged KB/sync | dp wire KB/sync | wire/logged | final loss |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (-rate_bits(r["rate"]), r["config"], r["overlap"])):
+        vs = f"{r['ms_mean'] / base['ms_mean']:.3f}x" if base and base.get("ms_mean") else "-"
+        out.append(f"| {r['rate']} | {r['config']} | {'overlap' if r['overlap'] else 'sync'} | "
+                   f"{r['ms_mean']:.0f} | {vs} | {r['syncs']} | "
+                   f"{r['dp_logged_per_sync'] / 1024:.1f} | {r['dp_wire_per_sync'] / 1024:.1f} | "
+                   f"{r['dp_wire_per_sync'] / r['dp_logged_per_sync']:.4f} | "
+                   f"{r['final_loss']:.4f} |")
+    return "\n".join(out)
+
+
 def _ms(r) -> str:
     return f"{r['ms_per_iter']:.0f} ({r['ms_min']:.0f})" if r else "-"
 
@@ -398,6 +443,10 @@ def save(records: List[dict], path: str) -> None:
 
 def report(records: List[dict], out_dir: str) -> str:
     text = table(records)
+    periodic = periodic_table(records)
+    if periodic:
+        text += "\n\nPeriodic dp modes (dp across the link; payload net of the quiet " \
+                "iterations' traffic):\n\n" + periodic
     from megatron.training.checkpointing import atomic_write_text
     atomic_write_text(os.path.join(out_dir, "slow_link.md"), text + "\n")
     plot(records, os.path.join(out_dir, "slow_link.png"))

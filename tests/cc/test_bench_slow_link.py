@@ -147,3 +147,27 @@ def test_replot_tabulates_saved_results(tmp_path):
     assert "| 5.00x | 0.80x |" in row and "| 1.0100 |" in row
     assert "| 20mbit | uncompressed | 4000 (3999) | 3000 (2999) | 1.33x |" in table
     assert (tmp_path / "slow_link.png").stat().st_size > 0
+
+
+def test_a_periodic_dp_mode_is_measured_per_sync_net_of_the_quiet_traffic(tmp_path):
+    """Syncs at 4 and 8 (5 KB logged each, 5.05 KB on the wire); 2 KB per iteration besides."""
+    quiet, payload = 2000.0, 5050.0
+    lines, counters, total = [], {}, 0.0
+    for i in range(1, 11):
+        synced = i in (4, 8)
+        total += quiet + (payload if synced else 0.0)
+        counters[i] = {"tx_bytes": total, "tx_packets": 0, "rx_bytes": 0, "rx_packets": 0}
+        lines.append({"iteration": i, "ms": 100.0 + (300.0 if synced else 0.0), "loss": 1.0,
+                      "bytes": {"dp": 5000.0} if synced else {}, "wait_ms": {}})
+    r = bsl.summarise(lines, counters, skip=1, crossing=("dp",))
+    assert r["syncs"] == 2 and r["dp_logged_per_sync"] == 5000.0
+    assert r["dp_wire_per_sync"] == pytest.approx(payload) and r["quiet_wire_per_iter"] == quiet
+    assert r["ms_per_iter"] == 100.0 and r["ms_mean"] == pytest.approx(100 + 600 / 8)
+    # a mode that sends every step has no quiet iterations to subtract: not periodic
+    every = [dict(l, bytes={"dp": 5000.0}) for l in lines]
+    assert "syncs" not in bsl.summarise(every, counters, skip=1, crossing=("dp",))
+    base = dict(r, config="uncompressed-dp", rate="none", overlap=False, placement="dp")
+    base.update(syncs=0, ms_mean=160.0)
+    rec = dict(r, config="sparseloco-dp", rate="20mbit", overlap=True, placement="dp")
+    text = bsl.periodic_table([base, rec])
+    assert "| 20mbit | sparseloco-dp | overlap | 175 | 1.094x | 2 | 4.9 | 4.9 | 1.0100 |" in text
