@@ -1,0 +1,117 @@
+"""Bytes per iteration per channel, summed over every rank: what the training log line prints.
+
+The log line (megatron/cc/stats.py) sums, over all ranks, each channel's `sent` (payload numel x
+element size) and `raw` (the same messages uncompressed) and divides by the iterations of the
+interval. This module predicts those sums for one iteration from the model shape, the layout
+and the CompressionConfig, through the same size formulas the channels count with: the codecs'
+`payload_nbytes` (pp-fwd, pp-bwd), megatron.cc.policy's compression decisions, and the dp/emb
+reducers' own rules (dp_bytes.py). Evaluation traffic is not counted, as in the log line.
+
+    totals = channel_bytes(shape, layout, compression)            # steady state
+    totals = channel_bytes(shape, layout, compression, iteration=0)  # one given iteration
+    totals["pp-fwd"] == {"sent": ..., "raw": ..., "messages": ...}
+
+`iteration=None` is the steady state: every warm-up over; DiLoCo-style modes, which sync a
+fragment every H/F steps, are averaged over their H-step period (what a log interval that is a
+multiple of H/F prints).
+"""
+from typing import Dict, Optional
+
+from megatron.cc.grad_sync.powersgd import worth_compressing
+from megatron.cc.plan.dp_bytes import dp_bytes, embedding_grad_bytes
+from megatron.cc.plan.pp_codecs import backward_codec, forward_codec
+from megatron.cc.plan.shapes import Layout, ModelShape
+from megatron.cc.policy import is_critical_backward_send
+from megatron.cc.stats import CHANNELS
+
+Totals = Dict[str, Dict[str, float]]
+STEADY = 10 ** 12   # an iteration after every warm-up
+
+
+def pp_warmup_iters(c, iters_per_epoch: Optional[int] = None) -> int:
+    """Iterations whose pipeline messages go uncompressed (--compress-warmup-iters, or
+    --warmup-epochs x iterations per epoch, rounded up as the driver does)."""
+    if not c.warmup_epochs:
+        return c.compress_warmup_iters
+    if iters_per_epoch is None:
+        raise ValueError("--warmup-epochs needs the iterations per epoch of the training split; "
+                         "give iters_per_epoch (or --compress-warmup-iters instead)")
+    import math
+    return math.ceil(c.warmup_epochs * iters_per_epoch)
+
+
+def activation_message(m: ModelShape, layout: Layout):
+    """((S, B, H), dtype, raw bytes) of one pipeline message (Megatron's seq-first layout)."""
+    import torch
+    shape = (m.seq_length, layout.micro_batch_size, m.hidden_size)
+    nbytes = m.seq_length * layout.micro_batch_size * m.hidden_size * \
+        torch.empty((), dtype=layout.dtype).element_size()
+    return shape, layout.dtype, nbytes
+
+
+def pp_fwd_bytes(m, layout, c, iteration, warm: int) -> Dict[str, float]:
+    """Stages 0..pp-2 send every micro-batch's activation forward, on every tp rank/replica."""
+    shape, dtype, raw = activation_message(m, layout)
+    codec = forward_codec(c)
+    one = codec.payload_nbytes(shape, dtype) if codec is not None and iteration >= warm else raw
+    n = (layout.pp - 1) * layout.num_microbatches * layout.tp * layout.dp
+    return {"sent": n * one, "raw": n * raw, "messages": n}
+
+
+def pp_bwd_bytes(m, layout, c, iteration, warm: int) -> Dict[str, float]:
+    """Stages 1..pp-1 send every micro-batch's input gradient back; CB may compress only the
+    sends on 1F1B's critical path (--inter-grad-comp-epilogue-only), after its warm-up."""
+    shape, dtype, raw = activation_message(m, layout)
+    codec = backward_codec(c)
+    M, pp = layout.num_microbatches, layout.pp
+    cb = codec is not None and c.backward_compress_method != "fixpoint"
+    if cb:
+        warm = max(warm, int(c.inter_grad_comp_warm_up * layout.train_iters))
+    sent = 0
+    for stage in range(1, pp):
+        for mb in range(M):
+            compressed = codec is not None and iteration >= warm and not (
+                cb and c.inter_grad_comp_epilogue_only
+                and not is_critical_backward_send(stage, mb, pp, M))
+            sent += codec.payload_nbytes(shape, dtype) if compressed else raw
+    reps = layout.tp * layout.dp
+    n = (pp - 1) * M * reps
+    return {"sent": sent * reps, "raw": n * raw, "messages": n}
+
+
+def emb_bytes(m, layout, c, iteration) -> Optional[Dict[str, float]]:
+    """The tied embedding gradient summed between the first and last stage.
+
+    Every member (2 stages x tp x dp) counts its own all-reduce. Fused (--emb-comm-opt, with
+    --dp-mode allreduce only) the group spans every replica and raw counts the dp all-reduce
+    it saves too; --emb-grad-comp sends P and Q where rank r pays."""
+    if layout.pp < 2 or not m.tied:
+        return None
+    n, shape = embedding_grad_bytes(m, layout.tp)
+    fused = c.emb_comm_opt and not c.syncs_parameters
+    raw = n * (2 if fused and layout.dp > 1 else 1)
+    sent = n
+    if c.emb_grad_comp and iteration >= int(c.emb_grad_comp_warm_up * layout.train_iters) \
+            and worth_compressing(shape, c.emb_grad_comp_rank):
+        sent = 4 * c.emb_grad_comp_rank * (shape[0] + shape[1])   # P and Q, fp32 main_grad
+    members = 2 * layout.tp * layout.dp
+    return {"sent": members * sent, "raw": members * raw, "messages": members}
+
+
+def channel_bytes(m: ModelShape, layout: Layout, c, iteration: Optional[int] = None,
+                  iters_per_epoch: Optional[int] = None) -> Totals:
+    """{channel: {sent, raw, messages}} of one iteration over all ranks (see module doc).
+    Channels that carry nothing are absent, as on the log line."""
+    it = STEADY if iteration is None else iteration
+    out: Totals = {}
+    if layout.pp > 1:
+        warm = pp_warmup_iters(c, iters_per_epoch) if iteration is not None else 0
+        out["pp-fwd"] = pp_fwd_bytes(m, layout, c, it, warm)
+        out["pp-bwd"] = pp_bwd_bytes(m, layout, c, it, warm)
+    dp = dp_bytes(m, layout, c, iteration)
+    if dp is not None and dp["messages"]:
+        out["dp"] = dp
+    emb = emb_bytes(m, layout, c, it)
+    if emb is not None:
+        out["emb"] = emb
+    return {k: out[k] for k in CHANNELS if k in out}
