@@ -1,0 +1,212 @@
+"""Step time of non-interleaved 1F1B: compute + bubble + exposed communication per channel.
+
+Compute: the 6 N T rule (forward 2 N T FLOPs, backward 4 N T) per micro-batch of T = S x B
+tokens, N the parameters a stage multiplies by on one tensor-parallel rank (its layers, plus
+the output layer on the last stage; embedding lookups are free; attention's S^2 term and
+tensor-parallel all-reduces are left out), at the cluster's achieved TFLOP/s per GPU. The
+slowest stage sets the pace: compute = M (t_f + t_b), bubble = (pp - 1)(t_f + t_b).
+
+Communication, per channel, from the exact bytes (channel_bytes.py) over the slowest link a
+channel's group spans (links.py); a transfer of x bytes costs latency + x / bandwidth, and the
+inter-datacentre bandwidth is shared by every flow crossing it at once:
+    pp     one message each way per micro-batch: c = c_fwd + c_bwd (codec time included).
+           synchronous: (M + pp - 2) c on the critical path (every steady-state slot waits
+           for its transfers; fill and drain add pp - 2); overlapped (--overlap-p2p-comm):
+           (pp - 1) c + (M - 1) max(0, c - (t_f + t_b)).
+    dp     a ring all-reduce of the x bytes a rank counts: 2 (D-1)/D x / bw + 2 (D-1) latency
+           (+ codec time); exposed in full after backward, or past the last micro-batch's
+           backward with --overlap-grad-reduce, or past the whole step when it runs in the
+           background (CocktailSGD's default); DiLoCo-style modes once per H/F steps.
+    emb    an all-reduce over the first and last stage (every replica's with --emb-comm-opt),
+           exposed in full.
+Codec time = uncompressed bytes / throughput (encode + decode); CODEC_THROUGHPUT_GBS below.
+"""
+from dataclasses import dataclass
+from typing import Dict
+
+from megatron.cc.plan.channel_bytes import activation_message, channel_bytes
+from megatron.cc.plan.dp_bytes import stage_dp_bytes
+from megatron.cc.plan.links import LEVELS, Cluster, placement
+from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
+
+# GB/s of uncompressed input for encode + decode together (1 / (1/enc + 1/dec)).
+# cpu: measured on this project's 2-core box, 1 thread, 7.86 MB fp32 message
+#      (bench/results/activation_compression.md; lowrank: README's bench_codecs row,
+#      CB r16 on 1024 x 1920: encode 2.2, decode 9.4). dp codecs without a CPU measurement
+#      take the slowest measured quantiser's rate.
+# gpu: defaults, NOT measured here (no GPU): a memory-bound kernel at a few percent of HBM
+#      bandwidth; override with the cluster YAML's codec_throughput_gbs after bench_codecs.py.
+CODEC_THROUGHPUT_GBS: Dict[str, Dict[str, float]] = {
+    "cpu": {"fixpoint": 0.038, "delta": 0.024, "delta-lowbits": 0.008, "tah": 0.128,
+            "lowrank": 1.78, "rsvd": 1.78, "powersgd": 1.78, "cocktail": 0.008,
+            "int8": 0.038, "fixpoint-b": 0.038, "fp16": 1.0, "sparseloco": 0.008},
+    "gpu": {"fixpoint": 100.0, "delta": 80.0, "delta-lowbits": 50.0, "tah": 50.0,
+            "lowrank": 50.0, "rsvd": 50.0, "powersgd": 50.0, "cocktail": 20.0,
+            "int8": 100.0, "fixpoint-b": 100.0, "fp16": 200.0, "sparseloco": 20.0},
+}
+
+
+@dataclass
+class StepTime:
+    """Seconds per iteration, by part; exposed communication includes its codec time."""
+    compute: float
+    bubble: float
+    pp: float
+    dp: float
+    emb: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.bubble + self.pp + self.dp + self.emb
+
+    @property
+    def utilisation(self) -> float:
+        """compute / step time (the bubble counts as idle)."""
+        return self.compute / self.total
+
+
+def codec_seconds(cluster: Cluster, codec: str, raw_bytes: float) -> float:
+    table = dict(CODEC_THROUGHPUT_GBS[cluster.device], **cluster.codec_throughput_gbs)
+    return raw_bytes / (table[codec] * 1e9)
+
+
+def stage_flops_params(m: ModelShape, layout: Layout, stage: int) -> int:
+    """Parameters one tensor-parallel rank of `stage` multiplies by (see module doc)."""
+    n = sum(p.numel for p in stage_params(m, layout.tp, layout.pp, stage)
+            if not p.name.startswith("embedding.") and p.name != "output_layer.weight")
+    if stage == layout.pp - 1:
+        n += m.padded_vocab(layout.tp) // layout.tp * m.hidden_size   # the logits
+    return n
+
+
+def _transfer(cluster: Cluster, level: str, nbytes: float, flows: int) -> float:
+    link = cluster.links[level]
+    bw = link.bytes_per_s / (flows if level == "inter_datacentre" else 1)
+    return link.latency_s + nbytes / bw
+
+
+def _pp_level(cluster, layout):
+    """(slowest level of any stage boundary, flows crossing a datacentre at it)."""
+    place = placement(layout.tp, layout.dp, layout.pp)
+    worst, flows = "intra_node", 1
+    for s in range(layout.pp - 1):
+        levels = [cluster.level(place(t, d, s), place(t, d, s + 1))
+                  for t in range(layout.tp) for d in range(layout.dp)]
+        lvl = max(levels, key=LEVELS.index)
+        if LEVELS.index(lvl) >= LEVELS.index(worst):
+            worst, flows = lvl, max(1, levels.count("inter_datacentre"))
+    return worst, flows
+
+
+def pp_message_seconds(m, layout, c, cluster, totals) -> float:
+    """c = c_fwd + c_bwd for one micro-batch (mean message of the steady state)."""
+    level, flows = _pp_level(cluster, layout)
+    _, _, raw = activation_message(m, layout)
+    out = 0.0
+    for ch, method in (("pp-fwd", c.forward_compress_method), ("pp-bwd", _bwd_name(c))):
+        t = totals[ch]
+        sent = t["sent"] / t["messages"]
+        out += _transfer(cluster, level, sent, flows)
+        if sent < raw and method != "none":
+            out += codec_seconds(cluster, method, raw)
+    return out
+
+
+def _bwd_name(c) -> str:
+    if c.backward_compress_method == "fixpoint":
+        return "fixpoint"
+    if c.compressed_backprop:
+        return "rsvd" if c.inter_grad_comp_type == "RandomizedSVD" else "lowrank"
+    return "none"
+
+
+def _dp_codec(c) -> str:
+    mode = c.dp_mode_name
+    if mode == "allreduce":
+        return "powersgd" if c.grad_comp else "none"
+    if mode == "diloco":
+        name = c.diloco_compression
+        return name if name in ("none", "fp16", "int8", "cocktail") else "fixpoint-b"
+    return "cocktail" if mode == "cocktail_sgd" else "sparseloco"
+
+
+def dp_seconds(m, layout, c, cluster, step_compute: float, t_b: float,
+               overlap: bool = False) -> float:
+    """Exposed dp time of the slowest stage (every stage's dp groups run at once)."""
+    if layout.dp < 2:
+        return 0.0
+    place = placement(layout.tp, layout.dp, layout.pp)
+    worst = 0.0
+    D = layout.dp
+    for s in range(layout.pp):
+        ranks = [place(0, d, s) for d in range(D)]
+        level = cluster.group_level(ranks)
+        flows = layout.tp * layout.pp * max(1, cluster.datacentres_spanned(ranks) - 1)
+        one = stage_dp_bytes(m, layout, c, s, None)   # per rank, amortised per iteration
+        if not one["messages"]:
+            continue
+        per_sync = 1.0 / one["messages"]              # H/F for DiLoCo-style modes, else 1
+        x = one["sent"] * per_sync
+        t = 2 * (D - 1) / D * x / _bw(cluster, level, flows) + \
+            2 * (D - 1) * cluster.links[level].latency_s
+        codec = _dp_codec(c)
+        if codec != "none" and one["sent"] < one["raw"]:
+            t += codec_seconds(cluster, codec, one["raw"] * per_sync)
+        worst = max(worst, _exposed_dp(c, t, step_compute, t_b, per_sync, overlap))
+    return worst
+
+
+def _bw(cluster, level, flows):
+    link = cluster.links[level]
+    return link.bytes_per_s / (flows if level == "inter_datacentre" else 1)
+
+
+def _exposed_dp(c, t: float, step: float, t_b: float, period: float, overlap: bool) -> float:
+    mode = c.dp_mode_name
+    if mode == "cocktail_sgd" and not c.cocktail_no_overlap:
+        return max(0.0, t - step)
+    if mode in ("diloco", "sparseloco"):
+        hidden = c.diloco_sync_delay * step
+        return max(0.0, t - hidden) / period
+    if overlap:   # --overlap-grad-reduce: buckets go out during the last backward
+        return max(0.0, t - t_b)
+    return t
+
+
+def emb_seconds(m, layout, c, cluster, totals) -> float:
+    if "emb" not in totals:
+        return 0.0
+    place = placement(layout.tp, layout.dp, layout.pp)
+    fused = c.emb_comm_opt and not c.syncs_parameters
+    reps = range(layout.dp) if fused else [0]
+    ranks = [place(0, d, s) for d in reps for s in (0, layout.pp - 1)]
+    k = len(ranks)
+    level = cluster.group_level(ranks)
+    flows = layout.tp * (1 if fused else layout.dp)
+    x = totals["emb"]["sent"] / totals["emb"]["messages"]
+    t = 2 * (k - 1) / k * x / _bw(cluster, level, flows) + 2 * (k - 1) * \
+        cluster.links[level].latency_s
+    if totals["emb"]["sent"] < totals["emb"]["raw"] and c.emb_grad_comp:
+        t += codec_seconds(cluster, "powersgd", totals["emb"]["raw"] / totals["emb"]["messages"])
+    return t
+
+
+def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
+              overlap: bool = False) -> StepTime:
+    """Predicted seconds per iteration; `overlap`: --overlap-p2p-comm and
+    --overlap-grad-reduce (the latter for --dp-mode allreduce)."""
+    rate = cluster.tflops_per_gpu * 1e12
+    T = m.seq_length * layout.micro_batch_size
+    n = max(stage_flops_params(m, layout, s) for s in range(layout.pp))
+    t_f, t_b = 2 * n * T / rate, 4 * n * T / rate
+    M, pp = layout.num_microbatches, layout.pp
+    compute, bubble = M * (t_f + t_b), (pp - 1) * (t_f + t_b)
+    totals = channel_bytes(m, layout, c)
+    pp_t = 0.0
+    if pp > 1:
+        msg = pp_message_seconds(m, layout, c, cluster, totals)
+        pp_t = ((pp - 1) * msg + (M - 1) * max(0.0, msg - (t_f + t_b)) if overlap
+                else (M + pp - 2) * msg)
+    dp_t = dp_seconds(m, layout, c, cluster, compute + bubble, t_b,
+                      overlap and c.dp_mode_name == "allreduce")
+    return StepTime(compute, bubble, pp_t, dp_t, emb_seconds(m, layout, c, cluster, totals))
