@@ -59,6 +59,11 @@ def main(argv=None) -> int:
         from megatron.training.seed_flags import seed_notes
         for note in seed_notes(args):
             print(f"note: {note}", flush=True)
+        import torch
+        from megatron.training.fallback_warnings import fallback_note
+        note = fallback_note() if torch.cuda.is_available() else None  # CPU: fallbacks expected
+        if note:
+            print(f"note: {note}", flush=True)
 
     from megatron.training.initialize import destroy, initialize_distributed
     from megatron.training.training import Trainer
