@@ -110,7 +110,8 @@ def main(argv=None) -> int:
         if a.load:
             from tools.checkpoint.export_hf import export
             tmp = tempfile.TemporaryDirectory(prefix="eval_lm_")
-            model_dir = export(a.load, os.path.join(tmp.name, "hf"), a)
+            model_dir = export(a.load, os.path.join(tmp.name, "hf"), a,
+                               require_tokenizer=True)   # lm-eval tokenizes the tasks
         elif not os.path.isfile(os.path.join(model_dir, "config.json")):
             return fail(f"--model {model_dir}: no config.json; export a checkpoint with "
                         f"tools/checkpoint/export_hf.py or pass --load")

@@ -14,7 +14,10 @@ hold is refused with, per family, the flags that stand in the way.
 
 The tokenizer defaults to the files the checkpoint was trained with (if they still exist);
 --vocab-file/--merge-file (GPT-2 BPE) or --tokenizer-model (a local HF tokenizer directory)
-override it. The embedding is cut from the padded vocabulary to the tokenizer's size.
+override it. The embedding is cut from the padded vocabulary to the tokenizer's size. A
+checkpoint with no tokenizer at hand (e.g. imported from a Hugging Face directory without
+tokenizer files) is exported without one, at the vocabulary size it records, and one line says
+so; from_pretrained loads it, and AutoTokenizer then needs a tokenizer from elsewhere.
 
 The directory is assembled under <output>.tmp-<pid>/ and renamed into place when complete.
 """
@@ -23,6 +26,7 @@ import os
 import shutil
 import sys
 import time
+from typing import Optional
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
@@ -79,26 +83,50 @@ def build_hf_model(full: FullCheckpoint, tokenizer, dtype: torch.dtype = torch.f
     return model.to(dtype).eval()
 
 
+class VocabOnly:
+    """What build_hf_model reads of a tokenizer, for a checkpoint exported without one."""
+
+    def __init__(self, vocab_size: int, eod: Optional[int]):
+        self.vocab_size, self.eod = vocab_size, eod
+
+
+def export_tokenizer(full: FullCheckpoint, tokenizer_flags, require_tokenizer: bool):
+    """(the tokenizer to save with the model, None) or (VocabOnly, why none is written)."""
+    flags = tokenizer_flags or argparse.Namespace()
+    if require_tokenizer or full.vocab_size is None:   # no size to export at without one
+        return build_tokenizer_from(flags, full.args, required=True), None
+    tokenizer = build_tokenizer_from(flags, full.args, required=False)
+    if tokenizer is not None:
+        return tokenizer, None
+    return VocabOnly(full.vocab_size, full.eod), (
+        f"no tokenizer written: the checkpoint names no tokenizer files that exist here (pass "
+        f"--vocab-file/--merge-file or --tokenizer-model to add one); the model is exported "
+        f"with vocab_size {full.vocab_size}")
+
+
 def export(load: str, output: str, tokenizer_flags=None, iteration=None,
            dtype: str = "float32", progress: bool = False, model_type=None,
-           trust: bool = False) -> str:
-    """Write the Hugging Face directory; returns its path."""
+           trust: bool = False, require_tokenizer: bool = False) -> str:
+    """Write the Hugging Face directory; returns its path. Without a tokenizer (and unless
+    `require_tokenizer`), the model alone is written and one line on stdout says so."""
     full = merge(read_checkpoint(load, iteration, progress, trust), progress)
     # Before anything else: the answer does not depend on the tokenizer.
     for_model_args(full.model_args, model_type)
-    tokenizer = build_tokenizer_from(tokenizer_flags or argparse.Namespace(), full.args,
-                                     required=True)
+    tokenizer, no_tokenizer = export_tokenizer(full, tokenizer_flags, require_tokenizer)
     model = build_hf_model(full, tokenizer, DTYPES[dtype], model_type)
     output = os.path.abspath(output)
     tmp = f"{output}.tmp-{os.getpid()}"
     os.makedirs(tmp, exist_ok=True)
     try:
         model.save_pretrained(tmp)  # config.json, generation_config.json, model.safetensors
-        tokenizer.save_pretrained(tmp)
+        if no_tokenizer is None:
+            tokenizer.save_pretrained(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     replace_dir(tmp, output)
+    if no_tokenizer:
+        print(f"note: {no_tokenizer}", flush=True)
     return output
 
 

@@ -142,8 +142,9 @@ def full_from_hf(hf_dir_or_model, tp: int = 1, pp: int = 1, make_vocab_size_divi
             vocab = n
     rows = padded_vocab_size(vocab, make_vocab_size_divisible_by, tp)
     params = for_config(config).from_hf(hf_sd, config, rows)
+    eos = getattr(config, "eos_token_id", None)
     return FullCheckpoint(params=params, args=args, padded_vocab_size=rows, vocab_size=vocab,
-                          optimizer=None)
+                          optimizer=None, eod=eos if isinstance(eos, int) else None)
 
 
 _VOCAB_TENSORS = ("embed_tokens.", "wte.", "embed_in.", "lm_head.", "embed_out.")

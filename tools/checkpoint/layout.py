@@ -152,6 +152,9 @@ class FullCheckpoint:
     scheduler: Optional[dict] = None
     extra_state: Dict[str, object] = field(default_factory=dict)
     """Local `_extra_state` values of megatron-core's modules (None for the local spec)."""
+    eod: Optional[int] = None
+    """End-of-document token id when no tokenizer is recorded (import_hf: config.json's
+    eos_token_id); an export without a tokenizer writes it as bos/eos."""
 
     @property
     def model_args(self) -> dict:
@@ -320,7 +323,8 @@ def merge(ckpt: ShardedCheckpoint, progress: bool = False) -> FullCheckpoint:
         params=params, args=first["args"], padded_vocab_size=first["layout"]["padded_vocab_size"],
         vocab_size=first["layout"].get("vocab_size"), optimizer=optim,
         iteration=first["iteration"], consumed_samples=first.get("consumed_samples", 0),
-        scheduler=first.get("opt_param_scheduler"), extra_state=extra)
+        scheduler=first.get("opt_param_scheduler"), extra_state=extra,
+        eod=first["layout"].get("eod"))
 
 
 # --------------------------------------------------------------------------- splitting
@@ -431,6 +435,8 @@ def split(full: FullCheckpoint, tp: int, pp: int, vocab_size: Optional[int] = No
             layout = {"tp": tp, "pp": pp, "tp_rank": t, "pp_rank": p, "padded_vocab_size": rows}
             if vocab_size or full.vocab_size:
                 layout["vocab_size"] = vocab_size or full.vocab_size
+            if full.eod is not None:
+                layout["eod"] = full.eod
             out[(t, p)] = {
                 "checkpoint_version": CHECKPOINT_VERSION,
                 "iteration": full.iteration,

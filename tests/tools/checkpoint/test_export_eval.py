@@ -220,3 +220,42 @@ def test_import_function_takes_a_directory_or_a_model(hf_gpt2):
         assert a["model"].keys() == b["model"].keys()
         assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items()
                    if torch.is_tensor(v))
+
+
+def test_export_without_tokenizer_writes_the_model_and_says_so(tmp_path, capsys):
+    """A Hugging Face directory with no tokenizer files: import, then export, both succeed."""
+    from safetensors.torch import load_file
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(1)
+    config = GPT2Config(vocab_size=300, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                        bos_token_id=299, eos_token_id=299)
+    src = str(tmp_path / "hf_no_tok")
+    GPT2LMHeadModel(config).save_pretrained(src)   # config + weights, no tokenizer files
+    ck, out = str(tmp_path / "ck"), str(tmp_path / "hf_again")
+    assert import_hf.main(["--hf-model", src, "--save", ck, "--no-progress"]) == 0
+    capsys.readouterr()
+    assert export_hf.main(["--load", ck, "--output", out, "--no-progress"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    notes = [line for line in printed if line.startswith("note:")]
+    assert len(notes) == 1 and notes[0].startswith("note: no tokenizer written"), printed
+    assert sorted(os.listdir(out)) == ["config.json", "generation_config.json",
+                                       "model.safetensors"]
+    c = json.load(open(os.path.join(out, "config.json")))
+    assert (c["vocab_size"], c["eos_token_id"], c["bos_token_id"]) == (300, 299, 299)
+    again, original = load_file(os.path.join(out, "model.safetensors")), \
+        load_file(os.path.join(src, "model.safetensors"))
+    assert again.keys() == original.keys()
+    assert all(torch.equal(again[k], original[k]) for k in original)
+
+
+def test_export_without_tokenizer_is_refused_where_one_is_needed(tmp_path, capsys):
+    """eval_lm tokenizes its tasks: it asks for the tokenizer flags instead."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    src, ck = str(tmp_path / "hf_no_tok"), str(tmp_path / "ck")
+    GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=32, n_embd=32, n_layer=2,
+                               n_head=4)).save_pretrained(src)
+    assert import_hf.main(["--hf-model", src, "--save", ck, "--no-progress"]) == 0
+    with pytest.raises(Exception, match="pass --vocab-file and --merge-file, or "
+                                        "--tokenizer-model"):
+        export_hf.export(ck, str(tmp_path / "out"), require_tokenizer=True)
+    assert not os.path.exists(tmp_path / "out")
