@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from megatron.training.config_flags import ConfigError, flag  # noqa: F401  (ConfigError for validate)
+from megatron.cc.config_fields import ConfigError, flag
 
 
 @dataclass

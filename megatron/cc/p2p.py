@@ -49,13 +49,13 @@ class Link:
 
     def _observe(self, x: torch.Tensor, msg: Message) -> None:
         """Uncompressed message: codecs with caches (delta) still record it, on both ends."""
-        if msg.train and self.codec is not None and hasattr(self.codec, "observe"):
+        if msg.train and self.codec is not None:
             self.codec.observe(x.detach(), self._ctx(msg))
 
     def _ctx(self, msg: Message):
         from megatron.cc.compress.base import CodecContext
         return CodecContext(microbatch=msg.microbatch, iteration=msg.iteration,
-                            sample_ids=msg.sample_ids, compress=True)
+                            sample_ids=msg.sample_ids)
 
     # sender side
     def encode(self, x: torch.Tensor, msg: Message) -> List[torch.Tensor]:
@@ -211,7 +211,7 @@ class PipelineChannels:
     def close(self) -> None:
         """Release codec resources (disk-backed activation caches delete their files)."""
         for l in self.links():
-            if hasattr(l.codec, "close"):
+            if l.codec is not None:
                 l.codec.close()
 
     def links(self) -> List[Link]:

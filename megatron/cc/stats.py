@@ -80,7 +80,7 @@ class ChannelStats:
             sent = totals[c]["sent"] / max(iterations, 1)
             raw = totals[c]["raw"] / max(iterations, 1)
             ratio = raw / sent if sent else float("inf")
-            parts.append(f"{c} bytes: {_human(sent)} (x{ratio:.1f})")
+            parts.append(f"{c} bytes: {human_bytes(sent)} (x{ratio:.1f})")
         for name, v in totals.items():
             if "count" in v and v["count"]:
                 parts.append(f"{name}: {v['sum'] / v['count']:.4g}")
@@ -92,7 +92,7 @@ class ChannelStats:
         return " | ".join(parts)
 
 
-def _human(n: float) -> str:
+def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1024 or unit == "GB":
             # 3 decimals: within 0.1% of the exact count (bench_slow_link compares with the wire)

@@ -10,12 +10,14 @@ from megatron.cc.grad_sync import (EmbeddingSync, ExactDataParallelSync, FusedEm
                                    GradSync, PowerSGDDataParallelSync,
                                    create_fused_embedding_group)
 from megatron.cc.grad_sync.emb_powersgd import EmbPowerSGDSync
+from megatron.cc.grad_sync.hetero import HeteroDelay
 from megatron.cc.grad_sync.randomized_svd import RandomizedSVDDataParallelSync
 from megatron.cc.compress import get_codec
 from megatron.cc.diagnostics import OrthogonalityProbe
 from megatron.cc.p2p import Link, PipelineChannels
 from megatron.cc.policy import BackwardCompressionPolicy
 from megatron.cc.speed import CompSpeed, TimedCodec
+from megatron.training.dp_modes import build_dp_mode_sync
 from megatron.training.initialize import group_timeout
 from megatron.training.pipeline_codecs import attach_codecs
 from megatron.training.transports import data_parallel_group, pipeline_transport
@@ -108,28 +110,17 @@ def overlapped(dp, args):
 
 
 def build_grad_sync(args, model, stats) -> GradSync:
-    """dp channel (exact, or PowerSGD on the first k stages) + emb channel (plain or fused).
+    """dp channel (exact, PowerSGD on the first k stages, or a parameter-syncing --dp-mode)
+    + emb channel (plain or fused; a --dp-mode has no dp all-reduce to fuse with).
 
     Collective when --emb-comm-opt and pp > 1 (creates the fused groups) or with a
     parameter-syncing --dp-mode (creates the exchange groups): call on every rank.
     """
     c = args.compression
-    if c.syncs_parameters:
-        from megatron.training.dp_modes import build_dp_mode_sync
-        return build_dp_mode_sync(args, model, stats)
-    dp_group = data_parallel_group(args)
-    own_group = dp_group is not ps.get_data_parallel_group()   # --dp-backend: not DDP's group
-    stage = ps.get_pipeline_model_parallel_rank()
-    fused = c.emb_comm_opt and args.pp > 1   # pp == 1: the embedding goes with the dp sync
-    if args.dp > 1 and stage < c.compressed_stages(args.pp):
-        dp = dp_reducer(args, dp_group, stats, exclude_embedding=fused)
-    else:
-        dp = ExactDataParallelSync(dp_group, stats, exclude_embedding=fused,
-                                   use_group=own_group)
-    if args.parallel.overlap_grad_reduce:
-        dp = overlapped(dp, args)
-    if c.hetero:   # emulated slow replicas, for comparing with the dp modes under --hetero
-        from megatron.cc.grad_sync.hetero import HeteroDelay
+    fused = c.emb_comm_opt and args.pp > 1 and not c.syncs_parameters
+    dp = build_dp_mode_sync(args, stats) if c.syncs_parameters else \
+        gradient_sync(args, stats, fused)
+    if c.hetero:   # emulated slow replicas, for comparing the dp modes under --hetero
         dp = HeteroDelay(dp, c.hetero, args.training.seed, ps.get_data_parallel_rank())
     # first or last stage: holds a copy of the tied embedding (asked of the stage, not of
     # ps.is_rank_in_embedding_group, whose rank list survives destroy_model_parallel)
@@ -141,6 +132,21 @@ def build_grad_sync(args, model, stats) -> GradSync:
         return GradSync(dp, emb_channel(args, FusedEmbeddingSync(group, stats, args.dp), stats))
     emb_group = ps.get_embedding_group(check_initialized=False) if member else None
     return GradSync(dp, emb_channel(args, EmbeddingSync(emb_group, stats), stats))
+
+
+def gradient_sync(args, stats, fused: bool):
+    """The dp channel of the gradient-averaging modes (exact or --grad-comp), overlapped
+    with backward under --overlap-grad-reduce where the mode has an overlapped twin."""
+    c = args.compression
+    dp_group = data_parallel_group(args)
+    own_group = dp_group is not ps.get_data_parallel_group()   # --dp-backend: not DDP's group
+    stage = ps.get_pipeline_model_parallel_rank()
+    if args.dp > 1 and stage < c.compressed_stages(args.pp):
+        dp = dp_reducer(args, dp_group, stats, exclude_embedding=fused)
+    else:
+        dp = ExactDataParallelSync(dp_group, stats, exclude_embedding=fused,
+                                   use_group=own_group)
+    return overlapped(dp, args) if args.parallel.overlap_grad_reduce else dp
 
 
 def dp_reducer(args, dp_group, stats, exclude_embedding: bool):

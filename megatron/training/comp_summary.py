@@ -6,7 +6,7 @@ as in the log line).
 """
 from typing import Dict
 
-from megatron.cc.stats import CHANNELS, _human
+from megatron.cc.stats import CHANNELS, human_bytes
 
 
 def accumulate(total: Dict[str, Dict[str, int]], interval: Dict[str, Dict[str, int]]) -> None:
@@ -25,8 +25,8 @@ def format_summary(total: Dict[str, Dict[str, int]], iterations: int) -> str:
             continue
         v = total[c]
         ratio = v["raw"] / v["sent"] if v["sent"] else float("inf")
-        lines.append(f"   {c:7s} sent {_human(v['sent']):>9s} | uncompressed "
-                     f"{_human(v['raw']):>9s} | ratio x{ratio:.2f} | messages {v['messages']}")
+        lines.append(f"   {c:7s} sent {human_bytes(v['sent']):>9s} | uncompressed "
+                     f"{human_bytes(v['raw']):>9s} | ratio x{ratio:.2f} | messages {v['messages']}")
     if len(lines) == 1:
         lines.append("   no channel carried traffic (single process, pp=1 and dp=1)")
     return "\n".join(lines)

@@ -9,17 +9,7 @@ import argparse
 import dataclasses
 import typing
 
-
-class ConfigError(ValueError):
-    """A flag value or combination that cannot work; the message names the flag and the fix."""
-
-
-def flag(default, help: str, *, aliases=(), choices=None, type=None):
-    """A dataclass field carrying its command-line help."""
-    meta = {"help": help, "aliases": tuple(aliases), "choices": choices, "type": type}
-    if isinstance(default, list):
-        return dataclasses.field(default_factory=lambda d=default: list(d), metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+from megatron.cc.config_fields import ConfigError, flag  # noqa: F401  (re-exported)
 
 
 def _base_type(annotation):

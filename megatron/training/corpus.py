@@ -28,8 +28,6 @@ import argparse
 import ast
 import fcntl
 import hashlib
-import importlib
-import importlib.util
 import json
 import os
 import re
@@ -327,19 +325,6 @@ def train_tokenizer(texts: list, out_dir: str, vocab_size: int = VOCAB_SIZE) -> 
     return os.path.join(out_dir, "vocab.json"), os.path.join(out_dir, "merges.txt")
 
 
-def _load_preprocess():
-    """tools/preprocess_data.py's `preprocess`, also when the repo root is not on sys.path."""
-    try:
-        return importlib.import_module("tools.preprocess_data").preprocess
-    except ImportError:
-        path = Path(__file__).resolve().parents[2] / "tools" / "preprocess_data.py"
-        spec = importlib.util.spec_from_file_location("megatron_cc_preprocess_data", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module.preprocess
-
-
 # ----------------------------------------------------------------------------- build + cache
 
 
@@ -354,6 +339,7 @@ def _sha256(paths: list) -> str:
 
 def build_assets(out_dir: str, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
     """Build everything into out_dir (no caching, no locking); returns the manifest."""
+    from megatron.training.preprocess import preprocess
     from megatron.training.tokenizer import build_tokenizer, vocab_size_with_padding
 
     t0 = time.time()
@@ -367,7 +353,7 @@ def build_assets(out_dir: str, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
     for tp in (1, 2, 4, 8):  # no padded embedding rows at any power-of-two TP degree
         assert vocab_size_with_padding(tokenizer.vocab_size, tp) == VOCAB_SIZE, tp
     t2 = time.time()
-    stats = _load_preprocess()(jsonl, os.path.join(out_dir, "corpus"), tokenizer, append_eod=True)
+    stats = preprocess(jsonl, os.path.join(out_dir, "corpus"), tokenizer, append_eod=True)
     prefix = stats.outputs["text"]
     t3 = time.time()
     files = [vocab_file, merge_file, prefix + ".bin", prefix + ".idx"]

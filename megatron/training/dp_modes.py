@@ -8,12 +8,10 @@ so the plain embedding sync is used).
 """
 from megatron.core import parallel_state as ps
 
-from megatron.cc.grad_sync import EmbeddingSync, GradSync
 from megatron.cc.grad_sync.cocktail import CocktailSGDSync
 from megatron.cc.grad_sync.diloco import DiLoCoSync
 from megatron.cc.grad_sync.flat_codecs import make_flat_codec
 from megatron.cc.grad_sync.groups import clone_groups
-from megatron.cc.grad_sync.hetero import HeteroDelay
 from megatron.cc.grad_sync.preduce import ADPSGDSync, PartialReduceSync
 from megatron.cc.grad_sync.preduce_sched import schedule_of
 from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
@@ -59,7 +57,8 @@ def build_sparseloco(args, dp_group, stats) -> SparseLoCoSync:
                           reduce_group=group)
 
 
-def build_dp_mode_sync(args, model, stats) -> GradSync:
+def build_dp_mode_sync(args, stats):
+    """The dp channel of --dp-mode (channels.build_grad_sync adds --hetero and the emb channel)."""
     c = args.compression
     mode = c.dp_mode_name
     dp_group = ps.get_data_parallel_group()
@@ -90,13 +89,7 @@ def build_dp_mode_sync(args, model, stats) -> GradSync:
                                args.training.train_iters, schedule=schedule, pairwise=pairwise)
     else:
         dp = ADPSGDSync(dp_group, stats, args.training.seed)
-    if c.hetero:
-        dp = HeteroDelay(dp, c.hetero, args.training.seed, ps.get_data_parallel_rank())
-    member = ps.is_pipeline_first_stage(ignore_virtual=True) or \
-        ps.is_pipeline_last_stage(ignore_virtual=True)
-    emb_group = ps.get_embedding_group(check_initialized=False) if member else None
-    from megatron.training.channels import emb_channel   # --emb-grad-comp: lossy emb sum
-    return GradSync(dp, emb_channel(args, EmbeddingSync(emb_group, stats), stats))
+    return dp
 
 
 class ReplicaState:

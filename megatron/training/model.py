@@ -19,6 +19,7 @@ import torch
 
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
+from megatron.cc.grad_sync.sync import unwrap
 from megatron.training import architecture
 from megatron.training.attention import default_impl, layer_spec
 from megatron.training.device import rank_device
@@ -154,13 +155,6 @@ def init_weights_by_seed(model: GPTModel, seed: int, std: float, num_layers: int
     for _, gname, param in global_param_names(model):
         value = initial_value(gname, full_shape(param), seed, std, num_layers)
         param.copy_(shard(value, param, is_glu_fc1(gname, glu)).to(param.dtype))
-
-
-def unwrap(model):
-    """The GPTModel inside DDP / Float16Module wrappers."""
-    while hasattr(model, "module"):
-        model = model.module
-    return model
 
 
 def local_state_for_export(model) -> Dict[str, torch.Tensor]:

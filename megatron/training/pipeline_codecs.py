@@ -17,7 +17,7 @@ from typing import Dict, Optional
 from megatron.core import parallel_state as ps
 
 from megatron.cc.compress import CacheTooLarge, get_codec
-from megatron.cc.compress.delta import _mem_available
+from megatron.cc.compress.delta import mem_available
 from megatron.cc.p2p import Link
 from megatron.cc.policy import WarmupPolicy
 from megatron.training.config_flags import ConfigError
@@ -92,7 +92,7 @@ def _seed(args, sender_rank: int, channel: str) -> int:
 
 def _ram_limit(n_caches: int) -> Optional[int]:
     """Each cache may take an equal share of this node's free RAM (local ranks x caches)."""
-    avail = _mem_available()
+    avail = mem_available()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     return None if avail is None else avail // max(1, local * n_caches)
 
@@ -118,9 +118,10 @@ def attach_codecs(args, links: Dict[str, Link], epoch_samples: Optional[int] = N
         except CacheTooLarge as e:
             raise ConfigError(f"[rank {me}] stage {rank} pp-fwd {role} end: {e}") from None
         link.policy = WarmupPolicy(warm) if warm else None
-        if hasattr(link.codec, "describe"):
+        described = link.codec.describe() if link.codec is not None else None
+        if described is not None:
             peer = f"{'to' if role == 'sender' else 'from'} rank {link.peer}"
-            print(f"[rank {me}] pp-fwd {peer} ({role}): {link.codec.describe()}", flush=True)
+            print(f"[rank {me}] pp-fwd {peer} ({role}): {described}", flush=True)
     for key in ("prev_bwd", "next_bwd"):
         link = links.get(key)
         if link is None:

@@ -5,7 +5,7 @@
 Each entry is a jsonl file ({"text": ...} per line) or a .bin/.idx prefix, with an optional
 sampling weight (default 1); weights are normalised and the entries become a weighted
 --data-path blend. A jsonl without an up-to-date tokenised copy is tokenised on the fly (on
-rank 0, by tools/preprocess_data.py, written atomically; the others wait) into
+rank 0, as tools/preprocess_data.py does, written atomically; the others wait) into
 --data-cache-path, or next to the file, as <stem>.<tokenizer>-<vocab>_text_document.bin/.idx.
 A copy older than its jsonl is rebuilt.
 """
@@ -68,7 +68,7 @@ def resolve_task_name(spec: str, tokenizer, cache_dir=None) -> List[str]:
         if path.endswith((".jsonl", ".json")):
             out = cached_prefix(path, tokenizer, cache_dir)
             if rank0 and _stale(path, out):
-                from tools.preprocess_data import preprocess
+                from megatron.training.preprocess import preprocess
                 preprocess(path, out, tokenizer)
             prefix = out + "_text_document"
         blend += [repr(weight / total), prefix]

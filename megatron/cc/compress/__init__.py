@@ -2,7 +2,7 @@
 
 Importing this package registers every codec by name:
     identity       base.IdentityCodec       the uncompressed baseline
-    fixpoint       quant.FixpointCodec      symmetric b-bit fixpoint, bit-packed (AC-SGD, TAH bwd)
+    fixpoint       fixpoint.FixpointCodec   symmetric b-bit fixpoint, bit-packed (AC-SGD, TAH bwd)
     lowrank        lowrank.LowRankCodec     Optimus-CC compressed backprop (+ LEP)
     rsvd           rsvd.RandomizedSVDCodec  CB by a randomized SVD per message (+ LEP)
     delta          delta.DeltaCodec         AC-SGD activation deltas against a per-sample cache
@@ -13,7 +13,8 @@ Importing this package registers every codec by name:
 from .base import REGISTRY, Codec, CodecContext, get_codec, payload_bytes, register
 from .delta import ActivationCache, CacheTooLarge, DeltaCodec, DeltaLowbitsCodec
 from .lowrank import LowRankCodec, orthogonalize_
-from .quant import FixpointCodec, pack_bits, packed_nbytes, unpack_bits
+from .fixpoint import FixpointCodec
+from .quant import pack_bits, packed_nbytes, unpack_bits
 from .rsvd import RandomizedSVDCodec
 from .sparse import CocktailCodec
 from .tah import TahCodec

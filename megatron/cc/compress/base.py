@@ -30,12 +30,11 @@ class CodecContext:
     """Training iteration (optimizer step) the message belongs to."""
     sample_ids: torch.Tensor | None = None
     """(B,) int64 dataset indices of the samples in this micro-batch (activation caches)."""
-    compress: bool = True
-    """False: the channel sends this message uncompressed and does not call the codec."""
 
 
 class Codec:
-    """Base class: stateless by default; override the state methods when there is state."""
+    """Base class: stateless by default; override the state methods when there is state.
+    Every hook a channel calls is declared here with its no-op default."""
 
     name: str = "?"
 
@@ -53,6 +52,21 @@ class Codec:
         """Sender side of a message the channel sends uncompressed: what to send instead of x
         (default x itself). Error-feedback codecs may deliver their pending error here."""
         return x
+
+    def observe(self, x: torch.Tensor, ctx: CodecContext) -> None:
+        """An uncompressed training message crossed the channel: codecs with caches (delta)
+        record it, on both ends."""
+
+    def error(self, shape) -> torch.Tensor | None:
+        """The error-feedback buffer for messages of `shape` (LEP), or None."""
+        return None
+
+    def describe(self) -> str | None:
+        """One line about the codec's resources printed at start (caches), or None."""
+        return None
+
+    def close(self) -> None:
+        """Release resources (disk-backed activation caches delete their files)."""
 
     def state_dict(self) -> dict:
         return {}

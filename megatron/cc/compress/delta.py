@@ -44,7 +44,8 @@ import numpy as np
 import torch
 
 from .base import Codec, parse_dtype, register
-from .quant import FixpointCodec, dequantize, pack_bits, quantize, unpack_bits
+from .fixpoint import FixpointCodec
+from .quant import dequantize, pack_bits, quantize, unpack_bits
 
 
 FP16_MAX = 65504.0   # largest finite float16
@@ -58,7 +59,7 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def _mem_available() -> int | None:
+def mem_available() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -152,7 +153,7 @@ class ActivationCache:
                     f"delta-lowbits or --activation-cache-location ram")
             return
         if self.storage in ("ram", "device"):
-            limit = ram_limit_bytes if ram_limit_bytes is not None else _mem_available()
+            limit = ram_limit_bytes if ram_limit_bytes is not None else mem_available()
             if limit is not None and need > limit:
                 raise CacheTooLarge(
                     f"activation cache needs {_gib(need)} ({need} bytes: {self.capacity} samples x "

@@ -172,7 +172,11 @@ class TahCodec(Codec):
     def _decide(self, tiles: torch.Tensor):
         """(high, token order, flags, pivots)."""
         a = tiles.abs()
-        return (*_allocate(a.view(tiles.shape[0], -1), self.high_ratio), *self.outliers(tiles, a))
+        return (*self.allocate(a.view(tiles.shape[0], -1)), *self.outliers(tiles, a))
+
+    def allocate(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(high, token order) of the (T, C) magnitudes `a` (module function _allocate)."""
+        return _allocate(a, self.high_ratio)
 
     def encode(self, x, ctx=None):
         from megatron.cc.kernels import dispatch

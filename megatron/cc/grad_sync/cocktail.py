@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 import torch
 
 from megatron.cc.background import BackgroundCall
+from megatron.cc.grad_sync.channel import SyncChannel
 from megatron.cc.grad_sync.param_sync import (add_flat_, clone_state, flatten, param_segments,
                                               to_device)
 from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
@@ -32,7 +33,7 @@ from megatron.cc.grad_sync.sync import ExactDataParallelSync
 from megatron.cc.stats import ChannelStats
 
 
-class CocktailSGDSync:
+class CocktailSGDSync(SyncChannel):
     """dp mode `cocktail_sgd`.
 
     Args:

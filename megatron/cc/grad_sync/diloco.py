@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.cc.background import BackgroundCall
+from megatron.cc.grad_sync.channel import SyncChannel
 from megatron.cc.grad_sync.param_sync import (clone_state, copy_flat_, flatten, param_segments,
                                               to_device)
 from megatron.cc.stats import ChannelStats
@@ -55,7 +56,7 @@ def split_fragments(segments: Dict[str, List[torch.Tensor]], fragments: int) -> 
     return out
 
 
-class DiLoCoSync:
+class DiLoCoSync(SyncChannel):
     """dp mode `diloco`.
 
     Args:

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from megatron.cc.compress.lowrank import orthogonalize_
 from megatron.cc.compress.rsvd import check_seed
+from megatron.cc.grad_sync.channel import SyncChannel
 from megatron.cc.grad_sync.fused_embedding import FusedEmbeddingSync
 from megatron.cc.grad_sync.powersgd import worth_compressing
 from megatron.cc.grad_sync.sync import grad_reduce_factor, shared_embedding_weight
@@ -43,7 +44,7 @@ from megatron.cc.speed import record
 from megatron.cc.stats import ChannelStats
 
 
-class EmbPowerSGDSync:
+class EmbPowerSGDSync(SyncChannel):
     """emb channel, lossy: rank-r PowerSGD of the tied embedding gradient's sum over a group.
 
     Args:

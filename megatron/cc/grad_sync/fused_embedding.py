@@ -26,6 +26,7 @@ fused group then.
 """
 import torch.distributed as dist
 
+from megatron.cc.grad_sync.channel import SyncChannel
 from megatron.cc.grad_sync.sync import grad_reduce_factor, shared_embedding_weight
 from megatron.cc.stats import ChannelStats
 
@@ -50,7 +51,7 @@ def create_fused_embedding_group(tp_rank: int, member: bool, timeout=None):
     return mine
 
 
-class FusedEmbeddingSync:
+class FusedEmbeddingSync(SyncChannel):
     """emb channel: the tied embedding gradient, scaled by 1/dp, summed over the fused group.
 
     Args:
@@ -76,9 +77,3 @@ class FusedEmbeddingSync:
         nbytes = grad.numel() * grad.element_size()
         # raw: what the unfused path puts on the wire for this gradient (dp + embedding group)
         self.stats.add("emb", nbytes, nbytes * (2 if self.dp_world > 1 else 1))
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, sd: dict) -> None:
-        pass

@@ -8,16 +8,27 @@ would be. Wraps any dp mode; everything else is delegated.
 import random
 import time
 
+from megatron.cc.grad_sync.channel import SyncChannel
 
-class HeteroDelay:
-    def __init__(self, dp, fraction: float, seed: int, dp_rank: int):
+
+class HeteroDelay(SyncChannel):
+    """Wraps a dp channel and forwards its whole contract (SyncChannel), the sleep added."""
+
+    def __init__(self, dp: SyncChannel, fraction: float, seed: int, dp_rank: int):
         self.dp, self.fraction = dp, fraction
         self.rng = random.Random(seed * 1000003 + dp_rank)
         self._t_end = None   # when the previous dp phase ended: compute starts there
 
     @property
+    def overlapped(self) -> bool:
+        return self.dp.overlapped
+
+    @property
     def lockstep(self) -> bool:
-        return getattr(self.dp, "lockstep", True)
+        return self.dp.lockstep
+
+    def begin(self, model, iteration: int) -> None:
+        self.dp.begin(model, iteration)
 
     def __call__(self, model, iteration: int) -> None:
         now = time.perf_counter()
@@ -27,15 +38,11 @@ class HeteroDelay:
         self.dp(model, iteration)
 
     def after_optimizer_step(self, model, iteration: int) -> None:
-        hook = getattr(self.dp, "after_optimizer_step", None)
-        if hook is not None:
-            hook(model, iteration)
+        self.dp.after_optimizer_step(model, iteration)
         self._t_end = time.perf_counter()
 
     def flush(self, model) -> None:
-        hook = getattr(self.dp, "flush", None)
-        if hook is not None:
-            hook(model)
+        self.dp.flush(model)
 
     def state_dict(self) -> dict:
         return self.dp.state_dict()

@@ -22,12 +22,13 @@ ready in autograd's order, which is the same on every replica of a stage, so eve
 the collectives in the same order.
 """
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
 
 from megatron.cc.compress.lowrank import orthogonalize_
+from megatron.cc.grad_sync.channel import SyncChannel
 from megatron.cc.grad_sync.powersgd import PowerSGDDataParallelSync
 from megatron.cc.grad_sync.sync import (ExactDataParallelSync, check_ddp_supported,
                                         shared_embedding_weight)
@@ -105,12 +106,15 @@ def cut(sizes: List[int], bucket_size: int) -> List[List[int]]:
     return groups
 
 
-class _Overlapped:
+class _Overlapped(SyncChannel):
     """Shared by both modes: hooks installed once, one ReadyBuckets plan per mode."""
 
+    overlapped = True
+    _nodes: Optional[list] = None   # the hooked gradient accumulators, once installed
+    _plan: Optional[ReadyBuckets] = None   # the plan armed by `begin` for this step
+
     def _install(self, model, num_microbatches: int) -> None:
-        if getattr(self, "_nodes", None) is None:
-            self._plan: Optional[ReadyBuckets] = None
+        if self._nodes is None:
             self._nodes = install_grad_ready_hooks(model, self._param_ready)
         self.num_microbatches = num_microbatches
 

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.cc.compress.lowrank import orthogonalize_
+from megatron.cc.grad_sync.channel import SyncChannel
 from megatron.cc.grad_sync.sync import (ExactDataParallelSync, check_ddp_supported,
                                         grad_reduce_factor, shared_embedding_weight)
 from megatron.cc.stats import ChannelStats
@@ -56,7 +57,7 @@ def is_embedding_or_output(param) -> bool:
                 or getattr(param, "shared_embedding", False))
 
 
-class PowerSGDDataParallelSync:
+class PowerSGDDataParallelSync(SyncChannel):
     """dp channel: PowerSGD (rank r, error feedback, warm start) after `warm_up_iters` exact steps.
 
     Args:

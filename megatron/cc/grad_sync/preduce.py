@@ -33,6 +33,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from megatron.cc.grad_sync.channel import SyncChannel
 from megatron.cc.grad_sync.param_sync import copy_flat_, flatten, param_segments
 from megatron.cc.grad_sync.preduce_sched import (START_WAIT, WindowScheduler, next_wait,
                                                  pairwise_default, split_window)
@@ -81,7 +82,7 @@ def _average(params: List[torch.Tensor], group, size: int) -> int:
     return flat.numel() * flat.element_size()
 
 
-class PartialReduceSync:
+class PartialReduceSync(SyncChannel):
     """dp mode `preduce`.
 
     Args:
@@ -146,14 +147,8 @@ class PartialReduceSync:
             sent = _average(params, self.groups.get(members), len(members))
         self.stats.add("dp", sent, raw)
 
-    def state_dict(self) -> dict:
-        return {}
 
-    def load_state_dict(self, sd: dict) -> None:
-        pass
-
-
-class ADPSGDSync:
+class ADPSGDSync(SyncChannel):
     """dp mode `adpsgd`: pairs from a permutation seeded by (seed, iteration) average weights."""
     lockstep = False
 
@@ -197,9 +192,3 @@ class ADPSGDSync:
         avg = (mine + theirs if self.dp_rank < other else theirs + mine) / 2
         copy_flat_(params, avg.to(params[0].device))
         self.stats.add("dp", mine.numel() * mine.element_size(), raw)
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, sd: dict) -> None:
-        pass

@@ -15,21 +15,22 @@ never cross the dp group.
 """
 import time
 
-import torch
 import torch.distributed as dist
 
+from megatron.cc.grad_sync.channel import SyncChannel
 from megatron.cc.stats import ChannelStats
 
 
-def _unwrap(model):
-    while hasattr(model, "module"):
+def unwrap(model):
+    """The model inside DDP / Float16Module wrappers (each keeps it as `.module`)."""
+    while hasattr(model, "module"):   # torch and megatron-core wrappers
         model = model.module
     return model
 
 
 def shared_embedding_weight(model):
     """The tied word-embedding weight on this stage, or None (middle stages, untied models)."""
-    m = _unwrap(model)
+    m = unwrap(model)
     if not getattr(m, "share_embeddings_and_output_weights", False):
         return None
     if not (getattr(m, "pre_process", False) or getattr(m, "post_process", False)):
@@ -89,7 +90,7 @@ def allreduce_buckets(model, group, exclude=()) -> int:
     return sent
 
 
-class ExactDataParallelSync:
+class ExactDataParallelSync(SyncChannel):
     """All-reduce of the DDP grad buffers (the uncompressed baseline).
 
     exclude_embedding: leave the tied embedding gradient out (it is synchronised by the fused
@@ -121,14 +122,8 @@ class ExactDataParallelSync:
         if self.world > 1:
             self.stats.add("dp", n, n)
 
-    def state_dict(self) -> dict:
-        return {}
 
-    def load_state_dict(self, sd: dict) -> None:
-        pass
-
-
-class EmbeddingSync:
+class EmbeddingSync(SyncChannel):
     """Sum of the tied embedding gradient over the first and last stage of one replica."""
 
     def __init__(self, group, stats: ChannelStats):
@@ -146,18 +141,12 @@ class EmbeddingSync:
         self.stats.add("emb", grad.numel() * grad.element_size(),
                        grad.numel() * grad.element_size())
 
-    def state_dict(self) -> dict:
-        return {}
 
-    def load_state_dict(self, sd: dict) -> None:
-        pass
-
-
-def _timed(channel, model, iteration: int, name: str) -> None:
+def _timed(channel: SyncChannel, model, iteration: int, name: str) -> None:
     """Run a channel; a synchronous one blocks the step for its whole call ("<name> wait ms").
-    Overlapped channels (a `begin` method) time their own waits."""
-    group = getattr(channel, "group", None)
-    if hasattr(channel, "begin") or group is None or dist.get_world_size(group) < 2:
+    Overlapped channels time their own waits."""
+    group = channel.group
+    if channel.overlapped or group is None or dist.get_world_size(group) < 2:
         channel(model, iteration)
         return
     t0 = time.perf_counter()
@@ -168,13 +157,12 @@ def _timed(channel, model, iteration: int, name: str) -> None:
 class GradSync:
     """dp channel then emb channel; checkpointable as one component."""
 
-    def __init__(self, dp, emb):
+    def __init__(self, dp: SyncChannel, emb: SyncChannel):
         self.dp, self.emb = dp, emb
 
     def begin(self, model, iteration: int) -> None:
         """Before forward/backward: an overlapped dp channel arms its gradient hooks."""
-        if hasattr(self.dp, "begin"):
-            self.dp.begin(model, iteration)
+        self.dp.begin(model, iteration)
 
     def __call__(self, model, iteration: int) -> None:
         _timed(self.dp, model, iteration, "dp")
@@ -183,19 +171,15 @@ class GradSync:
     @property
     def lockstep(self) -> bool:
         """False when replicas may be at different iterations (preduce, adpsgd)."""
-        return getattr(self.dp, "lockstep", True)
+        return self.dp.lockstep
 
     def after_optimizer_step(self, model, iteration: int) -> None:
         """Parameter-syncing dp modes (cocktail, diloco, preduce, adpsgd) act here."""
-        hook = getattr(self.dp, "after_optimizer_step", None)
-        if hook is not None:
-            hook(model, iteration)
+        self.dp.after_optimizer_step(model, iteration)
 
     def flush(self, model) -> None:
         """End of training: apply whatever a dp mode still has in flight."""
-        hook = getattr(self.dp, "flush", None)
-        if hook is not None:
-            hook(model)
+        self.dp.flush(model)
 
     def state_dict(self) -> dict:
         return {"dp": self.dp.state_dict(), "emb": self.emb.state_dict()}

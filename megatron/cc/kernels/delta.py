@@ -25,7 +25,8 @@ import math
 
 import torch
 
-from megatron.cc.compress.quant import FixpointCodec, pack_bits, unpack_bits
+from megatron.cc.compress.fixpoint import FixpointCodec
+from megatron.cc.compress.quant import pack_bits, unpack_bits
 
 from . import dispatch
 

@@ -24,7 +24,6 @@ import torch
 import triton
 import triton.language as tl
 
-from megatron.cc.compress import tah as tah_codec
 from megatron.cc.compress.quant import pack_bits, unpack_bits
 
 from .dispatch import LAUNCH, cdiv, next_pow2
@@ -160,11 +159,11 @@ def _offsets(codec, shape) -> list[int]:
     return out
 
 
-def encode(codec: "tah_codec.TahCodec", x: torch.Tensor) -> list[torch.Tensor]:
+def encode(codec, x: torch.Tensor) -> list[torch.Tensor]:
     """TahCodec.encode(x) on the kernels: the same payload, byte for byte."""
     T, c, cp, nt, k = codec._dims(x.shape)
     X = codec._tiles(x).view(T, cp)                   # fp32 zero-padded copy, as eager
-    high, order = tah_codec._allocate(X.abs(), codec.high_ratio)
+    high, order = codec.allocate(X.abs())
     n = codec.nbytes(x.shape)
     payload = torch.empty(n, dtype=torch.uint8, device=x.device)
     off = _offsets(codec, x.shape)
@@ -187,7 +186,7 @@ def encode(codec: "tah_codec.TahCodec", x: torch.Tensor) -> list[torch.Tensor]:
     return [payload]
 
 
-def decode(codec: "tah_codec.TahCodec", payload, shape, dtype) -> torch.Tensor:
+def decode(codec, payload, shape, dtype) -> torch.Tensor:
     """TahCodec.decode(payload, shape, dtype) on the kernels: the same tensor, bit for bit."""
     shape = tuple(shape)
     T, c, cp, nt, k = codec._dims(shape)

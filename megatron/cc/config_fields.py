@@ -1,0 +1,17 @@
+"""What the config dataclasses are built from: fields carrying their flag's help text, and
+the error a bad value raises. The driver turns the fields into flags
+(megatron.training.config_flags); the library only declares them.
+"""
+import dataclasses
+
+
+class ConfigError(ValueError):
+    """A flag value or combination that cannot work; the message names the flag and the fix."""
+
+
+def flag(default, help: str, *, aliases=(), choices=None, type=None):
+    """A dataclass field carrying its command-line help."""
+    meta = {"help": help, "aliases": tuple(aliases), "choices": choices, "type": type}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda d=default: list(d), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
