@@ -8,6 +8,7 @@ A checkpoint holds tensors and plain Python data only, so `weights_only=True` re
 whose pickle asks for anything else (a class, a function: what a crafted file uses to run
 code) is refused before any of it runs; `--trust-checkpoint` lifts that for files you made.
 """
+import argparse
 import hashlib
 import os
 import pickle
@@ -21,9 +22,10 @@ _CHUNK = 8 << 20
 
 # Checkpoints written before this module kept numpy's RNG state as an ndarray; allowing the
 # ndarray reconstructor (data only: object arrays would need further, still refused globals)
-# lets weights_only read them without --trust-checkpoint.
+# lets weights_only read them without --trust-checkpoint. argparse.Namespace: the `args` of
+# Megatron-LM's layout (checkpoint_args), a plain attribute bag.
 SAFE_GLOBALS = [np.ndarray, np.dtype, np._core.multiarray._reconstruct,
-                type(np.dtype(np.uint32))]
+                type(np.dtype(np.uint32)), argparse.Namespace]
 
 
 class CheckpointLoadError(RuntimeError):

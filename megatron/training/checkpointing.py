@@ -1,12 +1,14 @@
 """Checkpoints in Megatron-LM's directory layout, written atomically, resumable bit for bit.
 
     <dir>/latest_checkpointed_iteration.txt
-    <dir>/iter_0000010/mp_rank_{tp:02d}_{pp:03d}/model_optim_rng.pt   one per model shard
+    <dir>/iter_0000010/mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt  one per model shard
     <dir>/iter_0000010/rank_state/rank_{global:05d}.pt                 one per process
 
 `model_optim_rng.pt` (written by data-parallel rank 0) holds the model shard and, keyed by each
 parameter's name in the unsplit model, its optimizer state, so tools/checkpoint can reshard
-both. `rank_{r}.pt` holds what differs between replicas: RNG states and every registered
+both. Directory names and `args` (an argparse.Namespace) are Megatron-LM's, so its loader and
+tools read our files; ours read Megatron-LM's (torch format, either layer spec) and our older
+layout (mp_rank_XX_000 at pp 1, args as a dict): checkpoint_compat, checkpoint_args. `rank_{r}.pt` holds what differs between replicas: RNG states and every registered
 component's state (codec error buffers, Q matrices, activation caches, counters). Components
 register with `CheckpointManager.register(name, obj)`; obj has state_dict()/load_state_dict().
 
@@ -33,6 +35,9 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
+from megatron.training.checkpoint_args import file_state, written_by_megatron_lm
+from megatron.training.checkpoint_compat import (  # noqa: F401  (shard_dir_name: for tools/)
+    find_shard_dir, normalize_shard, shard_dir_name, to_model_names)
 from megatron.training.checkpoint_match import check_state_matches
 from megatron.training.async_save import AsyncWriter, HostSnapshot
 from megatron.training.checkpoint_io import fsync_dir, safe_load, write_file
@@ -41,15 +46,15 @@ from megatron.training.checkpoint_select import (  # noqa: F401  (re-exported fo
 from megatron.training.initialize import collective_device
 from megatron.training.model import global_param_names, unwrap
 
-CHECKPOINT_VERSION = 2   # 2: per-file .sha256 checksums, loadable with weights_only=True
+# 2: per-file .sha256 checksums, loadable with weights_only=True. 3: Megatron-LM's layout
+# (mp_rank_XX at pp 1, args a Namespace); also Megatron-LM's own number for megatron-core's
+# [heads, (q, k, v), head_dim] ordering of linear_qkv, which our model shares.
+CHECKPOINT_VERSION = 3
 
 
-def shard_dir_name(tp_rank: int, pp_rank: int) -> str:
-    return f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
-
-
-def shard_file(root: str, iteration: int, tp_rank: int, pp_rank: int) -> str:
-    return os.path.join(iter_dir(root, iteration), shard_dir_name(tp_rank, pp_rank),
+def shard_file(root: str, iteration: int, tp_rank: int, pp_rank: int, pp: int) -> str:
+    """The shard file to read: Megatron-LM's directory name, or our older one at pp 1."""
+    return os.path.join(find_shard_dir(iter_dir(root, iteration), tp_rank, pp_rank, pp),
                         "model_optim_rng.pt")
 
 
@@ -232,7 +237,7 @@ class CheckpointManager:
         jobs = []
         if ps.get_data_parallel_rank() == 0:
             by_name = _by_name_supported(t.optimizer)
-            jobs.append(({
+            jobs.append((file_state({
                 "checkpoint_version": CHECKPOINT_VERSION,
                 "iteration": t.iteration,
                 "consumed_samples": t.consumed_samples,
@@ -246,7 +251,8 @@ class CheckpointManager:
                 "optimizer": None if by_name else t.optimizer.state_dict(),
                 "grad_scaler": grad_scaler_state(t.optimizer),
                 "opt_param_scheduler": t.scheduler.state_dict(),
-            }, os.path.join(tmp, shard_dir_name(tp_rank, pp_rank), "model_optim_rng.pt")))
+            }), os.path.join(tmp, shard_dir_name(tp_rank, pp_rank, self.args.pp),
+                             "model_optim_rng.pt")))
         jobs.append(({
             "rng": rng_state(),
             "components": {k: c.state_dict() for k, c in self.components.items()},
@@ -338,7 +344,7 @@ class CheckpointManager:
     # ------------------------------------------------------------ load
     def _files_to_read(self, root: str, iteration: int) -> list:
         tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
-        files = [shard_file(root, iteration, tp_rank, pp_rank)]
+        files = [shard_file(root, iteration, tp_rank, pp_rank, self.args.pp)]
         mine = rank_file(root, iteration, dist.get_rank())
         return files + ([mine] if os.path.isfile(mine) else [])
 
@@ -357,21 +363,32 @@ class CheckpointManager:
     def _load_iteration(self, root: str, iteration: int) -> None:
         t, c = self.trainer, self.args.checkpoint
         tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
-        path = shard_file(root, iteration, tp_rank, pp_rank)
+        path = shard_file(root, iteration, tp_rank, pp_rank, self.args.pp)
         if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"--load {root}: {path} is missing. The checkpoint was saved with a different "
                 f"tp/pp layout or is incomplete; reshard it with tools/checkpoint/reshard.py")
-        sd = safe_load(path, c.trust_checkpoint)
+        sd = normalize_shard(safe_load(path, c.trust_checkpoint),
+                             os.path.basename(os.path.dirname(path)))
+        if not isinstance(sd, dict) or "layout" not in sd:
+            raise ValueError(f"--load {root}: {path} is neither our checkpoint nor "
+                             f"Megatron-LM's (no 'layout', no 'args' Namespace with 'model')")
+        foreign = written_by_megatron_lm(sd.get("args"))
+        if foreign and not (c.finetune or c.no_load_optim):
+            raise ValueError(f"--load {root}: a checkpoint written by Megatron-LM; its optimizer "
+                             f"state is not readable here. Pass --finetune (weights only, from "
+                             f"iteration 0) or --no-load-optim (weights, iteration and consumed "
+                             f"samples; Adam and the LR schedule start fresh)")
         layout = sd["layout"]
         if (layout["tp"], layout["pp"]) != (self.args.tp, self.args.pp):
             raise ValueError(f"--load {root}: saved at tp={layout['tp']} pp={layout['pp']}, "
                              f"running tp={self.args.tp} pp={self.args.pp}; reshard it with "
                              f"tools/checkpoint/reshard.py")
         model = unwrap(t.model)
-        check_state_matches(sd["model"], model.state_dict(), sd.get("args"), self.args.model,
-                            path)
-        model.load_state_dict(sd["model"], strict=True)
+        expected = model.state_dict()
+        saved = to_model_names(sd["model"], expected)   # local <-> Transformer Engine spec
+        check_state_matches(saved, expected, sd.get("args"), self.args.model, path)
+        model.load_state_dict(saved, strict=True)
         t.optimizer.reload_model_params()  # bf16/fp16: main weights from the loaded model
         if c.finetune:
             return

@@ -109,7 +109,7 @@ def test_bf16_resume_is_exact_and_reshard_keeps_optimizer_state(tiny_corpus, tmp
     ckpt = str(tmp_path / "bf16")
     straight, resumed = run_ranks(_bf16_resume, 1, (tiny_corpus, ckpt), timeout=600)[0]
     assert resumed == straight[3:], (resumed, straight)
-    sd = torch.load(os.path.join(ckpt, "iter_0000003", "mp_rank_00_000", "model_optim_rng.pt"),
+    sd = torch.load(os.path.join(ckpt, "iter_0000003", "mp_rank_00", "model_optim_rng.pt"),
                     map_location="cpu", weights_only=False)
     entry = sd["optimizer_by_name"]["embedding.word_embeddings.weight"]
     assert {"exp_avg", "exp_avg_sq", "main_param"} <= set(entry)
@@ -118,7 +118,7 @@ def test_bf16_resume_is_exact_and_reshard_keeps_optimizer_state(tiny_corpus, tmp
     out = str(tmp_path / "bf16_tp2")
     assert reshard.main(["--load", ckpt, "--save", out, "--target-tensor-parallel-size", "2",
                          "--target-pipeline-model-parallel-size", "1", "--no-progress"]) == 0
-    half = torch.load(os.path.join(out, "iter_0000003", "mp_rank_01_000", "model_optim_rng.pt"),
+    half = torch.load(os.path.join(out, "iter_0000003", "mp_rank_01", "model_optim_rng.pt"),
                       map_location="cpu", weights_only=False)
     moved = half["optimizer_by_name"]["embedding.word_embeddings.weight"]
     rows = moved["main_param"].shape[0]

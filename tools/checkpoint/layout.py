@@ -37,10 +37,13 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from megatron.training.checkpoint_args import file_state
+from megatron.training.checkpoint_compat import (
+    normalize_shard, parse_shard_dir, shard_dir_name, to_local_names)
 from megatron.training.checkpoint_io import (
     CheckpointLoadError, safe_load, verify_file, write_file)
 from megatron.training.checkpointing import (
-    CHECKPOINT_VERSION, LATEST, atomic_write_text, iter_dir, read_latest, shard_dir_name)
+    CHECKPOINT_VERSION, LATEST, atomic_write_text, iter_dir, read_latest)
 from megatron.training.model import is_glu_fc1
 from tools.checkpoint.errors import CheckpointError  # noqa: F401  (re-exported)
 
@@ -185,7 +188,8 @@ def _progress(iterable, desc: str, show: bool, unit: str = "shard"):
 
 def load_shard_file(path: str, trust: bool = False) -> dict:
     """Load a model_optim_rng.pt (checksum verified, weights_only unless `trust`), turning
-    every failure into a CheckpointError naming it."""
+    every failure into a CheckpointError naming it. Ours (either layout) or Megatron-LM's,
+    returned in one form: args as our dict, tensors under the local spec's names."""
     if not os.path.isfile(path):
         raise CheckpointError(f"missing shard {path}")
     problem = verify_file(path)
@@ -200,11 +204,17 @@ def load_shard_file(path: str, trust: bool = False) -> dict:
         raise CheckpointError(f"{path} is corrupt or truncated and cannot be loaded "
                               f"({type(e).__name__}: {e}); re-save it from training or use "
                               f"another iteration (--iteration)") from None
+    if isinstance(sd, dict):
+        try:
+            sd = normalize_shard(sd, os.path.basename(os.path.dirname(path)))
+        except (ValueError, TypeError) as e:
+            raise CheckpointError(f"{path}: {e}") from None
     missing = [k for k in ("model", "layout", "args", "iteration") if not isinstance(sd, dict)
                or k not in sd]
     if missing:
-        raise CheckpointError(f"{path} is not a megatron-cc model_optim_rng.pt (no "
-                              f"{', '.join(missing)})")
+        raise CheckpointError(f"{path} is not a megatron-cc or Megatron-LM model_optim_rng.pt "
+                              f"(no {', '.join(missing)})")
+    sd["model"] = to_local_names(sd["model"])
     return sd
 
 
@@ -228,28 +238,35 @@ def read_checkpoint(root: str, iteration: Optional[int] = None, progress: bool =
         raise CheckpointError(f"{idir} holds no mp_rank_* shard directories")
     first = load_shard_file(os.path.join(idir, found[0], MODEL_FILE), trust)
     tp, pp = first["layout"]["tp"], first["layout"]["pp"]
-    expected = {shard_dir_name(t, p): (t, p) for p in range(pp) for t in range(tp)}
-    missing = [os.path.join(idir, d, MODEL_FILE) for d in expected if d not in found]
+    # Megatron-LM's names (mp_rank_XX at pp 1) or our older ones (mp_rank_XX_000): by rank
+    ranks = {}
+    for d in found:
+        ranks.setdefault(parse_shard_dir(d), []).append(d)
+    expected = {(t, p) for p in range(pp) for t in range(tp)}
+    missing = [os.path.join(idir, shard_dir_name(t, p, pp), MODEL_FILE)
+               for t, p in sorted(expected, key=lambda r: (r[1], r[0])) if (t, p) not in ranks]
     if missing:
         raise CheckpointError(f"missing shard(s) of the tp={tp} pp={pp} checkpoint: "
                               f"{', '.join(missing)}")
-    strays = [d for d in found if d not in expected]
+    strays = sorted(d for r, names in ranks.items() for d in names[r in expected:])
     if strays:
         raise CheckpointError(f"mismatched layouts in {idir}: {found[0]} says tp={tp} pp={pp}, "
                               f"but {', '.join(strays)} lie outside it")
     shards = {}
-    for name in _progress(sorted(expected), "reading shards", progress):
+    for rank in _progress(sorted(expected, key=lambda r: (r[1], r[0])), "reading shards",
+                          progress):
+        name = ranks[rank][0]
         sd = first if name == found[0] else load_shard_file(os.path.join(idir, name, MODEL_FILE),
                                                            trust)
         lay = sd["layout"]
-        if (lay["tp"], lay["pp"]) != (tp, pp) or (lay["tp_rank"], lay["pp_rank"]) != expected[name]:
+        if (lay["tp"], lay["pp"]) != (tp, pp) or (lay["tp_rank"], lay["pp_rank"]) != rank:
             raise CheckpointError(
                 f"mismatched layouts in {idir}: {found[0]} says tp={tp} pp={pp}, but {name} "
                 f"says tp={lay['tp']} pp={lay['pp']} tp_rank={lay['tp_rank']} "
                 f"pp_rank={lay['pp_rank']}; the directory mixes two checkpoints")
         if sd["iteration"] != iteration:
             raise CheckpointError(f"{name} in {idir} is from iteration {sd['iteration']}")
-        shards[expected[name]] = sd
+        shards[rank] = sd
     return ShardedCheckpoint(root, iteration, tp, pp, shards)
 
 
@@ -465,9 +482,9 @@ def write_checkpoint(root: str, shards: Dict[Tuple[int, int], dict], progress: b
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         for (t, p), sd in _progress(sorted(shards.items()), "writing shards", progress):
-            d = os.path.join(tmp, shard_dir_name(t, p))
+            d = os.path.join(tmp, shard_dir_name(t, p, sd["layout"]["pp"]))
             os.makedirs(d, exist_ok=True)
-            write_file(sd, os.path.join(d, MODEL_FILE))   # with its .sha256
+            write_file(file_state(sd), os.path.join(d, MODEL_FILE))   # with its .sha256
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
