@@ -1,0 +1,60 @@
+"""Parameter lists of the cost model against published parameter counts (GPT-2, Llama-2-7B,
+Qwen2-0.5B), and the per-stage / per-tp-rank split summing back to the whole model."""
+import pytest
+
+from megatron.cc.plan.shapes import Layout, ModelShape, shared_weight, stage_params
+
+GPT2_SMALL = ModelShape(num_layers=12, hidden_size=768, num_attention_heads=12, vocab_size=50257,
+                        seq_length=1024)
+LLAMA2_7B = ModelShape(num_layers=32, hidden_size=4096, num_attention_heads=32, vocab_size=32000,
+                       seq_length=4096, ffn_hidden_size=11008, swiglu=True,
+                       normalization="RMSNorm", position_embedding_type="rope",
+                       untie_embeddings_and_output_weights=True, disable_bias_linear=True)
+QWEN2_05B = ModelShape(num_layers=24, hidden_size=896, num_attention_heads=14,
+                       vocab_size=151936, seq_length=4096, ffn_hidden_size=4864,
+                       num_query_groups=2, swiglu=True, normalization="RMSNorm",
+                       position_embedding_type="rope", disable_bias_linear=True,
+                       add_qkv_bias=True)
+
+
+def test_published_parameter_counts():
+    # Hugging Face GPT2LMHeadModel: 124,439,808 with 50,257 rows; Megatron pads to 50,304
+    assert GPT2_SMALL.num_params() == 124_439_808 + (50_304 - 50_257) * 768
+    assert LLAMA2_7B.num_params() == 6_738_415_616   # 32,000 rows: no padding
+    # Qwen2-0.5B: 494,032,768 with 151,936 rows (a multiple of 128)
+    assert QWEN2_05B.num_params() == 494_032_768
+
+
+@pytest.mark.parametrize("shape", [GPT2_SMALL, LLAMA2_7B, QWEN2_05B], ids=["gpt2", "llama",
+                                                                          "qwen2"])
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 2), (4, 4)])
+def test_stages_and_tp_ranks_sum_to_the_model(shape, tp, pp):
+    """tp-split tensors hold 1/tp each, the rest are replicated; with pp > 1 and tied
+    embeddings the last stage's output layer is a second copy of the embedding."""
+    total = 0
+    vocab_pad = shape.padded_vocab(tp) - shape.padded_vocab(1)
+    for s in range(pp):
+        params = stage_params(shape, tp, pp, s)
+        for p in params:
+            if p.shared_embedding and s == pp - 1 and pp > 1:
+                continue
+            total += p.numel * (tp if p.tp_split else 1)
+        emb = shared_weight(params)
+        assert (emb is not None) == (shape.tied and s in (0, pp - 1))
+    extra = vocab_pad * shape.hidden_size * (1 if shape.tied else 2)
+    assert total == shape.num_params() + extra
+
+
+def test_from_args_and_bad_layouts():
+    from megatron.training.arguments import parse_args
+    args = parse_args(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                       "--swiglu", "--group-query-attention", "--num-query-groups", "2"],
+                      world_size=1)
+    s = ModelShape.from_args(args.model, vocab_size=1000)
+    assert (s.ffn_hidden_size, s.num_query_groups, s.swiglu) == (128, 2, True)
+    with pytest.raises(ValueError, match="Layout.dp must be >= 1"):
+        Layout(dp=0)
+    with pytest.raises(NotImplementedError, match="virtual_stages"):
+        Layout(virtual_stages=2)
+    with pytest.raises(ValueError, match="not divisible by pp"):
+        stage_params(GPT2_SMALL, 1, 5, 0)

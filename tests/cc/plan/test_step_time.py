@@ -1,0 +1,70 @@
+"""1F1B step time: the stated formulas on hand-computed cases, and the orderings any sane model
+keeps (overlap never slower, more bandwidth never slower, compression pays on a slow link)."""
+import pytest
+import torch
+
+from megatron.cc.config import CompressionConfig
+from megatron.cc.plan.links import cluster_from_dict
+from megatron.cc.plan.shapes import Layout, ModelShape
+from megatron.cc.plan.step_time import stage_flops_params, step_time
+
+M4 = ModelShape(num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=1024,
+                seq_length=32)
+
+
+def _cluster(nodes=2, gpn=1, inter_gbps=1.0, dcs=1, lat_us=100.0, tflops=1.0):
+    links = {"intra_node": {"bandwidth_gbps": 1000, "latency_us": 0},
+             "inter_node": {"bandwidth_gbps": inter_gbps, "latency_us": lat_us},
+             "inter_datacentre": {"bandwidth_gbps": inter_gbps, "latency_us": lat_us}}
+    return cluster_from_dict({"nodes": nodes, "gpus_per_node": gpn, "tflops_per_gpu": tflops,
+                              "datacentres": dcs, "links": links})
+
+
+def test_compute_is_the_6NT_rule():
+    lay = Layout(1, 1, 1, micro_batch_size=2, num_microbatches=3)
+    t = step_time(M4, lay, CompressionConfig(), _cluster(nodes=1))
+    n = stage_flops_params(M4, lay, 0)
+    assert n == sum(12 * 64 * 64 + 13 * 64 for _ in range(4)) + 2 * 64 + 1024 * 64
+    assert t.compute == pytest.approx(6 * n * 32 * 2 * 3 / 1e12)
+    assert (t.bubble, t.pp, t.dp, t.emb) == (0, 0, 0, 0) and t.utilisation == 1
+
+
+def test_pipeline_transfer_on_the_critical_path():
+    lay = Layout(1, 2, 1, micro_batch_size=2, num_microbatches=4)
+    cl = _cluster(inter_gbps=1.0, lat_us=100)
+    sync = step_time(M4, lay, CompressionConfig(), cl)
+    msg = 2 * (100e-6 + 32 * 2 * 64 * 4 / (1e9 / 8))        # one message each way
+    assert sync.pp == pytest.approx((4 + 2 - 2) * msg)
+    over = step_time(M4, lay, CompressionConfig(), cl, overlap=True)
+    t_fb = (sync.compute + sync.bubble) / (4 + 1)
+    assert over.pp == pytest.approx(msg + 3 * max(0.0, msg - t_fb))
+    assert over.total <= sync.total
+
+
+def test_data_parallel_ring_all_reduce_and_shared_wan():
+    lay = Layout(1, 1, 2, micro_batch_size=1, num_microbatches=1)
+    c = CompressionConfig()
+    one_dc = step_time(M4, lay, c, _cluster(inter_gbps=1.0, lat_us=0))
+    x = 4 * M4.num_params()
+    assert one_dc.dp == pytest.approx(2 * (2 - 1) / 2 * x / (1e9 / 8))
+    # across two datacentres with tp = 2 ranks per stage: two flows share the WAN
+    lay2 = Layout(2, 1, 2, micro_batch_size=1, num_microbatches=1)
+    wan = step_time(M4, lay2, c, _cluster(nodes=2, gpn=2, dcs=2, inter_gbps=1.0, lat_us=0))
+    from megatron.cc.plan.dp_bytes import stage_dp_bytes
+    x2 = stage_dp_bytes(M4, lay2, c, 0, None)["sent"]
+    assert wan.dp == pytest.approx(x2 / (1e9 / 8 / 2))
+
+
+@pytest.mark.parametrize("c", [
+    CompressionConfig(forward_compress_method="fixpoint", backward_compress_method="fixpoint"),
+    CompressionConfig(grad_comp=True, grad_comp_rank=4),
+    CompressionConfig(dp_mode="diloco", diloco_inner_steps=10, diloco_compression="int8"),
+], ids=["fixpoint pp", "powersgd dp", "diloco int8"])
+def test_compression_pays_on_a_slow_link_and_bandwidth_is_monotone(c):
+    lay = Layout(1, 2, 2, micro_batch_size=2, num_microbatches=4, dtype=torch.float32)
+    slow = _cluster(nodes=4, inter_gbps=0.01, lat_us=1000, tflops=10)
+    assert step_time(M4, lay, c, slow).total < step_time(M4, lay, CompressionConfig(),
+                                                         slow).total
+    times = [step_time(M4, lay, c, slow.with_link("inter_node", g)).total
+             for g in (0.01, 0.1, 1, 10, 100)]
+    assert times == sorted(times, reverse=True)
