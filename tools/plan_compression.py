@@ -197,6 +197,9 @@ def plot(cands, shape, cluster, path: str, top: int) -> None:
             seen.add(key)
             best.append(c)
     best = best[:top]
+    exact = next((c for c in cands if c.name == "uncompressed"), None)
+    if exact is not None and exact not in best:   # the reference line
+        best.append(exact)
     xs = [10 ** (k / 4) for k in range(-8, 17)]   # 0.01 .. 10,000 Gbit/s
     ys = list(zip(*[with_bandwidth(best, shape, cluster, level, x) for x in xs]))
     fig, ax = plt.subplots(figsize=(9, 5))

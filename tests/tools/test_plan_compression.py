@@ -48,3 +48,86 @@ def test_bytes_equal_the_logged_bytes_of_a_real_run(tiny_corpus, capsys):
     assert [x.split(" bytes")[0] for x in predicted] == ["pp-fwd", "pp-bwd", "dp", "emb"]
     # and the ratios are real compression (the line is not trivially equal to raw)
     assert all("(x1.0)" not in x for x in predicted)
+
+
+CLUSTER = """nodes: 4
+gpus_per_node: 2
+tflops_per_gpu: 50
+datacentres: 2
+links:
+  intra_node: {bandwidth_gbps: 1000, latency_us: 2}
+  inter_node: {bandwidth_gbps: 100, latency_us: 5}
+  inter_datacentre: {bandwidth_gbps: 0.1, latency_us: 20000}
+"""
+MODEL = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32"
+
+
+@pytest.fixture
+def cluster_yaml(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(CLUSTER)
+    return str(path)
+
+
+def test_plan_prints_ranked_candidates_flags_and_a_plot(cluster_yaml, tmp_path, capsys):
+    png = tmp_path / "plot.png"
+    assert plan_compression.main(["plan", "--model", MODEL, "--cluster", cluster_yaml,
+                                  "--global-batch-size", "32", "--micro-batch-size", "2",
+                                  "--vocab-size", "1024", "--quality-budget", "2",
+                                  "--top", "5", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    rows = [l for l in out.splitlines() if re.match(r"\s+\d+ ", l)]
+    assert len(rows) == 5
+    times = [float(r.split()[5]) for r in rows]
+    assert times == sorted(times)
+    flags = next(l for l in out.splitlines() if l.startswith("flags: ")).split()[1:]
+    from megatron.training.arguments import parse_args
+    parse_args(MODEL.split() + flags, world_size=8)   # the recommendation is runnable
+    assert png.stat().st_size > 10_000
+
+
+def test_plan_from_a_hugging_face_config(cluster_yaml, tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "llama", "hidden_size": 64, "intermediate_size": 172, '
+                   '"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, '
+                   '"vocab_size": 1000, "max_position_embeddings": 128, '
+                   '"tie_word_embeddings": false}')
+    assert plan_compression.main(["plan", "--model", str(cfg), "--cluster", cluster_yaml,
+                                  "--seq-length", "64", "--global-batch-size", "16",
+                                  "--micro-batch-size", "1", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "model: 0.00B parameters" in out and "recommended:" in out
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["bytes", "--world-size", "3", "--vocab-size", "64", "--pipeline-model-parallel-size",
+      "2"], "world size (3) is not divisible"),
+    (["bytes", "--world-size", "2", "--vocab-size", "64", "--dp-mode", "preduce"],
+     "--dp-mode preduce: its exchanges depend on which replicas are ready"),
+    (["bytes", "--world-size", "2", "--vocab-size", "64", "--use-distributed-optimizer",
+      "--bf16"], "--use-distributed-optimizer pads the gradient buckets"),
+    (["plan", "--model", MODEL, "--cluster", "CLUSTER", "--num-layers", "8"],
+     "unrecognised arguments: --num-layers 8"),
+    (["plan", "--model", "nothere.json", "--cluster", "CLUSTER"],
+     "--model nothere.json: cannot read it as a config.json"),
+])
+def test_bad_input_is_named(argv, fragment, cluster_yaml, capsys):
+    argv = [cluster_yaml if a == "CLUSTER" else a for a in argv]
+    assert plan_compression.main(argv) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_bad_cluster_yaml_is_named(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER.replace("latency_us: 5", "latency: 5"))
+    assert plan_compression.main(["plan", "--model", MODEL, "--cluster", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "links.inter_node.latency: unknown key; use bandwidth_gbps and latency_us" in err
+
+
+def test_bytes_without_traffic_and_help(capsys):
+    assert plan_compression.main(["bytes", "--world-size", "1", "--vocab-size", "64"]) == 0
+    assert "no channel carries traffic" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        plan_compression.main(["plan", "--help"])
+    assert "--quality-budget" in capsys.readouterr().out
