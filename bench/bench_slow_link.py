@@ -167,20 +167,25 @@ def periodic_dp(measured: List[dict], counters: Dict[int, dict], skip: int, end:
                 wire: float) -> dict:
     """A dp mode that syncs every H-th step (DiLoCo, SparseLoCo): the dp payload on the wire.
 
-    Every iteration also moves a constant few KB across the link (the log line's all-gather, the
-    loss all-reduce); the median iteration is a quiet one, so the dp payload is the window's
-    wire bytes less n median iterations. The window ends after the last sync has drained (its
-    exchange may overlap the next steps), which the caller's --iters must allow.
+    Every iteration also moves a few KB across the link (the log line's all-gather, the loss
+    all-reduce). A sync's payload is the wire bytes of its iteration and the next (a reduce may
+    drain into it) less two quiet iterations, the median of the others: the estimate then
+    carries the quiet traffic's scatter of two iterations, not of the whole window.
     """
-    syncs = [l for l in measured if l["bytes"].get("dp", 0.0) > 0]
-    if not syncs or len(syncs) * 2 >= len(measured):
+    syncs = [l["iteration"] for l in measured if l["bytes"].get("dp", 0.0) > 0]
+    if not syncs or len(syncs) * 3 >= len(measured):
         return {}
-    per_iter = [wire_payload(counters[i - 1], counters[i]) for i in range(skip + 1, end + 1)
-                if i - 1 in counters and i in counters]
-    quiet = statistics.median(per_iter)
-    return {"syncs": len(syncs), "dp_logged_per_sync": sum(l["bytes"]["dp"] for l in syncs)
-            / len(syncs), "dp_wire_per_sync": (wire - quiet * (end - skip)) / len(syncs),
-            "quiet_wire_per_iter": quiet}
+    diff = {i: wire_payload(counters[i - 1], counters[i]) for i in range(skip + 1, end + 1)
+            if i - 1 in counters and i in counters}
+    busy = {i + d for i in syncs for d in (0, 1)}
+    quiet = statistics.median(v for i, v in diff.items() if i not in busy)
+    counted = [i for i in syncs if i + 1 in diff]     # a sync whose next iteration is measured
+    if not counted:
+        return {}
+    logged = {l["iteration"]: l["bytes"]["dp"] for l in measured if l["iteration"] in counted}
+    return {"syncs": len(counted), "dp_logged_per_sync": sum(logged.values()) / len(counted),
+            "dp_wire_per_sync": sum(diff[i] + diff[i + 1] - 2 * quiet for i in counted)
+            / len(counted), "quiet_wire_per_iter": quiet, "wire_per_iter": diff}
 
 
 def last_loss(lines: List[dict]) -> float:

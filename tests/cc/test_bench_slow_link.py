@@ -150,18 +150,20 @@ def test_replot_tabulates_saved_results(tmp_path):
 
 
 def test_a_periodic_dp_mode_is_measured_per_sync_net_of_the_quiet_traffic(tmp_path):
-    """Syncs at 4 and 8 (5 KB logged each, 5.05 KB on the wire); 2 KB per iteration besides."""
+    """Syncs at 4 and 8 (5 KB logged each, 5.05 KB on the wire, 50 B of it draining into the
+    next iteration); about 2 KB per iteration besides, whose scatter must not add up."""
     quiet, payload = 2000.0, 5050.0
     lines, counters, total = [], {}, 0.0
     for i in range(1, 11):
         synced = i in (4, 8)
-        total += quiet + (payload if synced else 0.0)
+        total += quiet + (i % 2) * 10 + (payload - 50 if synced else 0.0) + (50 if i in (5, 9) else 0)
         counters[i] = {"tx_bytes": total, "tx_packets": 0, "rx_bytes": 0, "rx_packets": 0}
         lines.append({"iteration": i, "ms": 100.0 + (300.0 if synced else 0.0), "loss": 1.0,
                       "bytes": {"dp": 5000.0} if synced else {}, "wait_ms": {}})
     r = bsl.summarise(lines, counters, skip=1, crossing=("dp",))
     assert r["syncs"] == 2 and r["dp_logged_per_sync"] == 5000.0
-    assert r["dp_wire_per_sync"] == pytest.approx(payload) and r["quiet_wire_per_iter"] == quiet
+    # quiet iterations 2, 3, 6, 7: 2000 or 2010, median 2005; syncs' pairs 4+5 and 8+9 carry 10
+    assert r["dp_wire_per_sync"] == pytest.approx(payload) and r["quiet_wire_per_iter"] == 2005
     assert r["ms_per_iter"] == 100.0 and r["ms_mean"] == pytest.approx(100 + 600 / 8)
     # a mode that sends every step has no quiet iterations to subtract: not periodic
     every = [dict(l, bytes={"dp": 5000.0}) for l in lines]
