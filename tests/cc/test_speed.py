@@ -28,7 +28,7 @@ def test_timed_codec_is_the_codec_plus_two_observations():
                            timed.decode(b, x.shape, x.dtype, ctx))
     assert torch.equal(plain.error(x.shape), timed.error(x.shape))     # attributes delegate
     assert timed.state_dict().keys() == plain.state_dict().keys()
-    assert not hasattr(timed, "observe")                                 # as the codec
+    assert timed.observe(x, ctx) is None and timed.describe() is None   # the codec's defaults
     snap = stats.snapshot()
     assert snap["pp-bwd comp GB/s"]["count"] == 3 and snap["pp-bwd decomp GB/s"]["count"] == 3
     assert snap["pp-bwd comp GB/s"]["sum"] > 0
@@ -54,3 +54,24 @@ def test_flag_off_records_nothing():
     with rec:
         pass
     rec.done()   # no stats anywhere to touch: a no-op
+
+
+def test_timed_codec_forwards_every_codec_hook():
+    """Every hook declared on Codec reaches the wrapped codec: the channel calls them on the
+    TimedCodec (observe, close, describe, error, ...) without asking whether they exist."""
+    import inspect
+    from megatron.cc.compress.base import Codec
+    hooks = sorted(n for n, v in vars(Codec).items() if callable(v) and not n.startswith("_")
+                   and n not in ("encode", "decode"))   # timed: the test above
+    assert {"observe", "error", "describe", "close", "pass_through"} <= set(hooks)
+
+    def recording(name):
+        return lambda self, *args: self.calls.append((name, args)) or name
+    recorder = type("Recorder", (Codec,), {n: recording(n) for n in hooks})()
+    recorder.calls = []
+    timed = TimedCodec(recorder, CompSpeed(ChannelStats()), "pp-fwd")
+    for name in hooks:
+        n_args = len(inspect.signature(getattr(Codec, name)).parameters) - 1
+        args = tuple(f"a{i}" for i in range(n_args))
+        assert getattr(timed, name)(*args) == name
+        assert recorder.calls[-1][0] == name and len(recorder.calls[-1][1]) == n_args
