@@ -29,7 +29,7 @@ class ParallelArgs:
     distributed_timeout_minutes: float = flag(
         10, "Timeout (minutes) of every collective, process-group creation and start-up "
             "handshake; a rank stuck longer fails with the name of the collective.")
-    # ---- communication overlap (issue 11); off = the synchronous reference path
+    # ---- communication overlap; off = the synchronous reference path
     overlap_p2p_comm: bool = flag(
         False, "Pipeline sends are posted and waited for only at the end of the step, and "
                "(gloo) each receive is posted one micro-batch before it is needed, so transfers "
@@ -306,7 +306,7 @@ class CheckpointArgs:
     no_load_rng: bool = flag(False, "Do not load RNG state.")
     finetune: bool = flag(False, "Load weights only and restart iteration count at 0.")
     exit_interval: Optional[int] = flag(None, "Exit (after saving) at this iteration.")
-    # surviving the cluster (issue 13)
+    # surviving the cluster
     async_save: bool = flag(
         False, "Write checkpoints in the background: snapshot to host memory, write on a "
                "thread, commit once every rank is done; at most one save in flight.")

@@ -4,8 +4,8 @@
 
 An iteration reads top to bottom in `train_step`: zero grads -> forward/backward over all
 micro-batches (pipeline channels fwd/bwd) -> gradient sync (dp and emb channels) -> optimizer
-step -> LR step. Compression lives entirely in the channel objects built by
-megatron.cc.build; the loop does not know which codecs run.
+step -> LR step. Compression lives entirely in the channel objects that
+megatron/training/channels.py builds from the flags; the loop does not know which codecs run.
 """
 import math
 import os
