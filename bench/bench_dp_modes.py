@@ -213,7 +213,7 @@ def average_dp(r: RunResult) -> None:
 
 
 def warm_checkpoint(out: str, iters: int, global_batch: int, micro_batch: int,
-                    seed: int) -> str:
+                    seed: int, port: int = 29710) -> str:
     """The directory of `iters` iterations of all-reduce pretraining (made once, then reused)."""
     path = os.path.join(out, "warm_start")
     tracker = os.path.join(path, "latest_checkpointed_iteration.txt")
@@ -227,7 +227,7 @@ def warm_checkpoint(out: str, iters: int, global_batch: int, micro_batch: int,
     flags = (DEMO + ["--seed", str(seed)] + batch_flags("allreduce", global_batch, micro_batch)
              + ["--train-iters", str(iters), "--eval-interval", str(iters), "--save", path,
                 "--save-interval", str(iters)])
-    r = run_pretrain("warm-start", 4, flags, port=29710)
+    r = run_pretrain("warm-start", 4, flags, port=port)
     print(f"warm start: {iters} iterations of all-reduce, validation loss {r.final_valid:.4f}, "
           f"saved to {path}", flush=True)
     return path
@@ -289,6 +289,9 @@ def main():
     p.add_argument("--seed", type=int, default=1234,
                    help="--seed of every run (data order, initialisation; a reused "
                         "--warm-start keeps the seed it was made with)")
+    p.add_argument("--port", type=int, default=29710,
+                   help="torchrun master port of the runs (another invocation at the same "
+                        "time needs another)")
     p.add_argument("--replot", action="store_true",
                    help="redraw the table and plot from dp_modes.json in --out and exit")
     p.add_argument("--merge", nargs="*", default=[],
@@ -327,11 +330,12 @@ def main():
         os.makedirs(a.out, exist_ok=True)
         if a.warm_start:
             common += ["--load", warm_checkpoint(a.out, a.warm_start, a.global_batch_size,
-                                                 a.micro_batch_size, a.seed), "--finetune"]
+                                                 a.micro_batch_size, a.seed, a.port),
+                       "--finetune"]
         for name in names:
             try:
                 flags = common + batch_flags(name, a.global_batch_size, a.micro_batch_size)
-                r = run_pretrain(name, NPROC.get(name, 4), flags + RUNS[name], port=29710)
+                r = run_pretrain(name, NPROC.get(name, 4), flags + RUNS[name], port=a.port)
             except RuntimeError as e:   # keep going: one broken mode must not lose the rest
                 print(f"{name}: FAILED\n{str(e)[-2000:]}", flush=True)
                 continue
