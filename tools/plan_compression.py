@@ -109,7 +109,7 @@ def cmd_bytes(ns, flags: List[str]) -> int:
     try:
         totals = channel_bytes(shape, layout_of(args), args.compression, ns.iteration,
                                ns.iters_per_epoch)
-    except NotImplementedError as e:
+    except (NotImplementedError, ValueError) as e:   # an unmodelled mode, a missing input
         raise PlanError(str(e)) from None
     print("\n".join(format_lines(totals)))
     return 0

@@ -1,7 +1,6 @@
 """tools/plan_compression.py: `bytes` prints, line for line, what a real pretrain_gpt.py run logs
 (one short torchrun at pp=2 x dp=2 with a codec on every channel); `plan` ranks candidates and
 plots; bad input is refused with the flag (or YAML key) named."""
-import os
 import re
 
 import pytest
@@ -106,6 +105,9 @@ def test_plan_from_a_hugging_face_config(cluster_yaml, tmp_path, capsys):
      "--dp-mode preduce: its exchanges depend on which replicas are ready"),
     (["bytes", "--world-size", "2", "--vocab-size", "64", "--use-distributed-optimizer",
       "--bf16"], "--use-distributed-optimizer pads the gradient buckets"),
+    (["bytes", "--world-size", "2", "--vocab-size", "64", "--pipeline-model-parallel-size",
+      "2", "--forward-compress-method", "fixpoint", "--warmup-epochs", "1", "--iteration", "0"],
+     "--warmup-epochs needs the iterations per epoch"),
     (["plan", "--model", MODEL, "--cluster", "CLUSTER", "--num-layers", "8"],
      "unrecognised arguments: --num-layers 8"),
     (["plan", "--model", "nothere.json", "--cluster", "CLUSTER"],
