@@ -117,6 +117,7 @@ def build_grad_sync(args, model, stats) -> GradSync:
     parameter-syncing --dp-mode (creates the exchange groups): call on every rank.
     """
     c = args.compression
+    # pp == 1: the embedding goes with the dp sync; a --dp-mode has no all-reduce to fuse with
     fused = c.emb_comm_opt and args.pp > 1 and not c.syncs_parameters
     dp = build_dp_mode_sync(args, stats) if c.syncs_parameters else \
         gradient_sync(args, stats, fused)

@@ -1,5 +1,6 @@
 """Gradient synchronisation channels: dp (replicas of a stage) and emb (tied embeddings).
 
+    channel.py          SyncChannel: the hooks GradSync calls, each a no-op by default
     sync.py             ExactDataParallelSync (megatron DDP's all-reduce), EmbeddingSync, GradSync
     powersgd.py         PowerSGDDataParallelSync: Optimus-CC SC (PowerSGD + error feedback)
     fused_embedding.py  FusedEmbeddingSync: Optimus-CC FE (one all-reduce per TP rank)
