@@ -90,8 +90,7 @@ def normalize_shard(sd: dict, dir_name: str) -> dict:
                     "padded_vocab_size": getattr(ns, "padded_vocab_size", None)
                     or _padded_rows(sd["model"], tp)}
     sd["consumed_samples"] = getattr(ns, "consumed_train_samples", 0) or 0
-    sd["megatron_lm_optimizer"] = sd.pop("optimizer", None)   # positional: never read as ours
-    sd.update(optimizer=None, optimizer_by_name=None)
+    sd.update(optimizer=None, optimizer_by_name=None)   # its positional state: not read
     sd.setdefault("opt_param_scheduler", None)
     return sd
 

@@ -416,6 +416,7 @@ class CheckpointManager:
                 if name in rs["components"]:
                     comp.load_state_dict(rs["components"][name])
         elif dist.get_rank() == 0:
-            print(f"  note: {mine} not found (different world size?); RNG and codec "
-                  f"state start fresh", flush=True)
+            why = "written by Megatron-LM" if foreign else "different world size?"
+            print(f"  note: {mine} not found ({why}); RNG and codec state start fresh",
+                  flush=True)
         _print_rank(-1, f"  loaded checkpoint from {root} at iteration {iteration}")
