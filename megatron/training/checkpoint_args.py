@@ -63,7 +63,7 @@ def args_namespace(args: dict, layout: dict, consumed_samples: int = 0) -> argpa
     for group in args.values():
         if isinstance(group, dict):
             for k, v in group.items():
-                flat.setdefault(k, v)   # a name in two groups: the first group's (model first)
+                flat.setdefault(k, v)   # flag names are unique across groups
     flat["world_size"] = args.get("world_size")
     flat.update(_megatron_lm_derived(args, layout, consumed_samples))
     flat[OURS] = args

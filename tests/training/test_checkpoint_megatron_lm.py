@@ -202,3 +202,27 @@ def test_tools_read_megatron_lm_and_legacy_checkpoints(runs, spec):
         params = merge(read_checkpoint(os.path.join(root, name))).params
         assert params.keys() == reference.keys(), name
         assert all(torch.equal(params[k], v) for k, v in reference.items()), name
+
+
+def test_args_namespace_round_trip_and_flat_flags():
+    from megatron.training.arguments import parse_args
+    from megatron.training.checkpoint_args import args_namespace
+    d = parse_args(["--tensor-model-parallel-size", "2"], world_size=4).to_dict()
+    ns = args_namespace(d, {"padded_vocab_size": 256, "vocab_size": 200}, consumed_samples=7)
+    assert args_dict(ns) == d and args_dict(d) == d
+    for group in (g for g in d.values() if isinstance(g, dict)):
+        assert all(getattr(ns, k) == v for k, v in group.items())   # each flag, flat
+    assert (ns.padded_vocab_size, ns.true_vocab_size, ns.consumed_train_samples,
+            ns.data_parallel_size) == (256, 200, 7, 2)
+
+
+@pytest.mark.parametrize("tp_rank,pp_rank,pp,name", [
+    (0, 0, 1, "mp_rank_00"), (3, 0, 1, "mp_rank_03"), (1, 2, 4, "mp_rank_01_002")])
+def test_shard_directory_names(tp_rank, pp_rank, pp, name):
+    from megatron.training.checkpoint_compat import (
+        parse_shard_dir, shard_dir_candidates, shard_dir_name)
+    assert shard_dir_name(tp_rank, pp_rank, pp) == name
+    assert parse_shard_dir(name) == (tp_rank, pp_rank)
+    legacy = f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    assert shard_dir_candidates(tp_rank, pp_rank, pp) == list(dict.fromkeys([name, legacy]))
+    assert parse_shard_dir("mp_rank_00_000_001") is None   # expert parallel: not read
