@@ -5,6 +5,10 @@
     shards = split(full, tp=1, pp=4)               # {(tp_rank, pp_rank): model_optim_rng dict}
     write_checkpoint("ckpts/run1_pp4", shards)     # temp dir + os.replace + latest file
 
+Shard directories are read under Megatron-LM's names (mp_rank_XX at pp 1) and our older
+ones (mp_rank_XX_000), and written under Megatron-LM's; files Megatron-LM wrote are read too
+(megatron/training/checkpoint_compat.py).
+
 `split(merge(c), tp, pp)` at c's own layout gives back c's tensors exactly, and a chain of
 re-splits is exact: tensors are only concatenated and sliced, never recomputed.
 
@@ -242,9 +246,9 @@ def read_checkpoint(root: str, iteration: Optional[int] = None, progress: bool =
     ranks = {}
     for d in found:
         ranks.setdefault(parse_shard_dir(d), []).append(d)
-    expected = {(t, p) for p in range(pp) for t in range(tp)}
+    expected = [(t, p) for p in range(pp) for t in range(tp)]   # stage by stage
     missing = [os.path.join(idir, shard_dir_name(t, p, pp), MODEL_FILE)
-               for t, p in sorted(expected, key=lambda r: (r[1], r[0])) if (t, p) not in ranks]
+               for t, p in expected if (t, p) not in ranks]
     if missing:
         raise CheckpointError(f"missing shard(s) of the tp={tp} pp={pp} checkpoint: "
                               f"{', '.join(missing)}")
@@ -253,8 +257,7 @@ def read_checkpoint(root: str, iteration: Optional[int] = None, progress: bool =
         raise CheckpointError(f"mismatched layouts in {idir}: {found[0]} says tp={tp} pp={pp}, "
                               f"but {', '.join(strays)} lie outside it")
     shards = {}
-    for rank in _progress(sorted(expected, key=lambda r: (r[1], r[0])), "reading shards",
-                          progress):
+    for rank in _progress(expected, "reading shards", progress):
         name = ranks[rank][0]
         sd = first if name == found[0] else load_shard_file(os.path.join(idir, name, MODEL_FILE),
                                                            trust)
