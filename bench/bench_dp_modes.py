@@ -38,6 +38,8 @@ Runs (dp=4, pp=1 unless the name says pp2):
   sparseloco-H15-d0.78-2b / -d3.13-2b   density 1/128 (x2118) / 1/32 (x544)
   sparseloco-H15-d1.56-1b / -4b         1 / 4 bits per kept value (x1159 / x945)
   sparseloco-H30-d1.56-2b   H = 30 (Covenant-72B's; x2155)
+  sparseloco-H30-d3.13-2b / -H50-d5.66-2b   fewer, denser syncs at the same budget
+                       (k = 128 at H = 30: x1087; k = 232 at H = 50: x1004)
   sparseloco-*-dpadam  the same with --dp-adam-correction (the warm-start, batch-128 setting);
                        sparseloco-H15-F3-d1.56-2b-dpadam: streaming, 3 fragments in turn
 
@@ -144,6 +146,9 @@ RUNS = {
     "sparseloco-H15-d1.56-4b-dpadam": sparseloco(15, 1 / 64, 4) + DPADAM,
     "sparseloco-H30-d1.56-2b-dpadam": sparseloco(30, 1 / 64, 2) + DPADAM,
     "sparseloco-H15-F3-d1.56-2b-dpadam": sparseloco(15, 1 / 64, 2, fragments=3) + DPADAM,
+    # fewer, denser syncs at the same >= 1000x: k = 128 of 4096 at H = 30, 232 at H = 50
+    "sparseloco-H30-d3.13-2b-dpadam": sparseloco(30, 1 / 32, 2) + DPADAM,
+    "sparseloco-H50-d5.66-2b-dpadam": sparseloco(50, 232 / 4096, 2) + DPADAM,
 }
 
 
