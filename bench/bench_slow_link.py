@@ -159,12 +159,11 @@ def summarise(lines: List[dict], counters: Dict[int, dict], skip: int, crossing)
     rec = {"ms_per_iter": statistics.median(ms), "ms_min": min(ms), "ms_mean": statistics.mean(ms),
            "wire_bytes": wire / n, "logged_bytes": logged, "final_loss": last_loss(lines),
            "wait_ms": wait, "iterations": n}
-    rec.update(periodic_dp(measured, counters, skip, end, wire))
+    rec.update(periodic_dp(measured, counters, skip, end))
     return rec
 
 
-def periodic_dp(measured: List[dict], counters: Dict[int, dict], skip: int, end: int,
-                wire: float) -> dict:
+def periodic_dp(measured: List[dict], counters: Dict[int, dict], skip: int, end: int) -> dict:
     """A dp mode that syncs every H-th step (DiLoCo, SparseLoCo): the dp payload on the wire.
 
     Every iteration also moves a few KB across the link (the log line's all-gather, the loss

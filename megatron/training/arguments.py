@@ -7,12 +7,12 @@ process group is created, so a bad flag stops all ranks with the same one-line m
 """
 import argparse
 import dataclasses
-import math
 import os
 import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
+from megatron.cc.plan.shapes import default_ffn_hidden_size, padded_vocab_size
 from megatron.training.config_flags import ConfigError, add_dataclass_flags, flag, from_namespace
 from megatron.training.seed_flags import (CompatArgs, RecomputeArgs, resolve_sample_based,
                                           validate_seed_flags)
@@ -117,9 +117,7 @@ class ModelArgs:
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
-            # Megatron-LM's SwiGLU default keeps the parameter count of a 4h GeLU MLP.
-            self.ffn_hidden_size = (int(4 * self.hidden_size * 2 / 3 / 64) * 64 if self.swiglu
-                                    else 4 * self.hidden_size)
+            self.ffn_hidden_size = default_ffn_hidden_size(self.hidden_size, self.swiglu)
         if self.max_position_embeddings is None:
             self.max_position_embeddings = self.seq_length
 
@@ -173,8 +171,7 @@ class ModelArgs:
                               "(a tied output layer is the embedding, which has no bias)")
 
     def padded_vocab_size(self, vocab_size: int, tp: int) -> int:
-        multiple = self.make_vocab_size_divisible_by * tp
-        return int(math.ceil(vocab_size / multiple) * multiple)
+        return padded_vocab_size(vocab_size, self.make_vocab_size_divisible_by, tp)
 
 
 @dataclass

@@ -31,7 +31,6 @@ changes that size, rows past the old padded size are added as zeros (their Adam 
 or padding rows are cut; real-token rows never change. Padding rows take part in the softmax,
 so a change of padded size changes the loss slightly (as in Megatron-LM's own converter).
 """
-import math
 import os
 import re
 import shutil
@@ -41,6 +40,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from megatron.cc.plan.shapes import padded_vocab_size
 from megatron.training.checkpoint_args import file_state
 from megatron.training.checkpoint_compat import (
     normalize_shard, parse_shard_dir, shard_dir_name, to_local_names)
@@ -133,11 +133,6 @@ def extra_state_keys(num_layers: int, pp_rank: int, pp: int) -> List[str]:
     if pp_rank == pp - 1:
         keys.append("output_layer._extra_state")
     return keys
-
-
-def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
-    multiple = divisible_by * tp
-    return int(math.ceil(vocab_size / multiple) * multiple)
 
 
 # --------------------------------------------------------------------------- whole model

@@ -13,6 +13,18 @@ from typing import List, Optional, Tuple
 import torch
 
 
+def default_ffn_hidden_size(hidden_size: int, swiglu: bool) -> int:
+    """Megatron-LM's MLP width: 4 H, or for SwiGLU int(8H/3 / 64) * 64 (the parameter count of
+    a 4 H GeLU MLP)."""
+    return int(4 * hidden_size * 2 / 3 / 64) * 64 if swiglu else 4 * hidden_size
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """Megatron's embedding rows: the vocabulary padded to a multiple of divisible_by x tp."""
+    multiple = divisible_by * tp
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
 @dataclass
 class ModelShape:
     num_layers: int
@@ -39,8 +51,7 @@ class ModelShape:
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
-            self.ffn_hidden_size = (int(4 * self.hidden_size * 2 / 3 / 64) * 64 if self.swiglu
-                                    else 4 * self.hidden_size)
+            self.ffn_hidden_size = default_ffn_hidden_size(self.hidden_size, self.swiglu)
         if self.max_position_embeddings is None:
             self.max_position_embeddings = self.seq_length
 
@@ -58,9 +69,7 @@ class ModelShape:
         return not self.untie_embeddings_and_output_weights
 
     def padded_vocab(self, tp: int) -> int:
-        """Megatron's padding: a multiple of make_vocab_size_divisible_by x tp."""
-        multiple = self.make_vocab_size_divisible_by * tp
-        return int(math.ceil(self.vocab_size / multiple) * multiple)
+        return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tp)
 
     def num_params(self) -> int:
         """Parameters of the whole model (a tied embedding once, vocabulary padded at tp 1)."""
