@@ -94,6 +94,9 @@ def sparseloco(h: int, density: float, bits: int, fragments: int = 1):
             str(fragments), "--sparseloco-density", str(density), "--sparseloco-bits", str(bits)]
 
 
+NESTEROV = ["--sparseloco-outer-lr", "0.7", "--sparseloco-outer-momentum", "0.9"]
+
+
 def diloco(h: int, comp: str = "none"):
     return ["--dp-mode", "diloco", "--diloco-inner-steps", str(h), "--diloco-compression", comp]
 
@@ -149,6 +152,13 @@ RUNS = {
     # fewer, denser syncs at the same >= 1000x: k = 128 of 4096 at H = 30, 232 at H = 50
     "sparseloco-H30-d3.13-2b-dpadam": sparseloco(30, 1 / 32, 2) + DPADAM,
     "sparseloco-H50-d5.66-2b-dpadam": sparseloco(50, 232 / 4096, 2) + DPADAM,
+    # the outer step over the sparse mean: DiLoCo's Nesterov (lr 0.7, momentum 0.9), a larger
+    # plain step, no decay of the error buffer
+    "sparseloco-H15-d1.56-2b-nesterov-dpadam": sparseloco(15, 1 / 64, 2) + NESTEROV + DPADAM,
+    "sparseloco-H15-d1.56-2b-lr2-dpadam": sparseloco(15, 1 / 64, 2)
+    + ["--sparseloco-outer-lr", "2"] + DPADAM,
+    "sparseloco-H15-d1.56-2b-beta1-dpadam": sparseloco(15, 1 / 64, 2)
+    + ["--sparseloco-error-decay", "1"] + DPADAM,
 }
 
 

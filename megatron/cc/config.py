@@ -236,6 +236,9 @@ class CompressionConfig:
     sparseloco_outer_lr: float = flag(
         1.0, "sparseloco: learning rate alpha of the outer SGD (no momentum: the decayed error "
              "buffer takes its place), > 0.")
+    sparseloco_outer_momentum: float = flag(
+        0.0, "sparseloco: Nesterov momentum of the outer SGD over the decoded sparse mean, in "
+             "[0, 1) (0, the paper's: the decayed error buffer takes its place).")
     sparseloco_error_decay: float = flag(
         0.95, "sparseloco: beta in e <- beta e + pseudo-gradient before the top-k, in [0, 1].")
     sparseloco_density: float = flag(
@@ -348,6 +351,9 @@ class CompressionConfig:
         if self.sparseloco_outer_lr <= 0:
             raise ConfigError(f"--sparseloco-outer-lr must be > 0, got "
                               f"{self.sparseloco_outer_lr}")
+        if not 0.0 <= self.sparseloco_outer_momentum < 1.0:
+            raise ConfigError(f"--sparseloco-outer-momentum must be in [0, 1), got "
+                              f"{self.sparseloco_outer_momentum}")
 
     def _validate_mode_flags(self, mode: str) -> None:
         """A flag of one mode given with another is a mistake worth stopping for."""
@@ -356,7 +362,8 @@ class CompressionConfig:
                                    "cocktail_warmup_steps", "cocktail_no_overlap"),
                   "diloco": loop + ("diloco_outer_lr", "diloco_outer_momentum",
                                     "diloco_compression"),
-                  "sparseloco": loop + ("sparseloco_outer_lr", "sparseloco_error_decay",
+                  "sparseloco": loop + ("sparseloco_outer_lr", "sparseloco_outer_momentum",
+                                        "sparseloco_error_decay",
                                         "sparseloco_density", "sparseloco_chunk_size",
                                         "sparseloco_bits"),
                   "preduce": ("ssp_bound", "preduce_scope", "preduce_groups")}

@@ -54,7 +54,7 @@ def build_sparseloco(args, dp_group, stats) -> SparseLoCoSync:
                            c.quant_scheme)
     return SparseLoCoSync(dp_group, stats, codec, c.diloco_inner_steps, c.sparseloco_outer_lr,
                           c.sparseloco_error_decay, c.diloco_fragments, c.diloco_sync_delay,
-                          reduce_group=group)
+                          reduce_group=group, outer_momentum=c.sparseloco_outer_momentum)
 
 
 def build_dp_mode_sync(args, stats):

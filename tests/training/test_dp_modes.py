@@ -133,6 +133,8 @@ def test_resume_bit_exact_with_each_dp_mode(tiny_corpus, tmp_path):
     ({"dp-mode": "sparseloco", "sparseloco-bits": 9}, 2, "--sparseloco-bits"),
     ({"dp-mode": "sparseloco", "sparseloco-error-decay": 1.5}, 2, "--sparseloco-error-decay"),
     ({"dp-mode": "sparseloco", "sparseloco-outer-lr": 0.0}, 2, "--sparseloco-outer-lr"),
+    ({"dp-mode": "sparseloco", "sparseloco-outer-momentum": 1.0}, 2,
+     "--sparseloco-outer-momentum"),
     ({"dp-mode": "sparseloco", "diloco-inner-steps": 4, "diloco-fragments": 3}, 2,
      "--diloco-fragments"),
     ({"dp-mode": "sparseloco", "diloco-outer-momentum": 0.5}, 2,
