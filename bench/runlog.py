@@ -3,6 +3,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -61,15 +62,42 @@ def parse_log(name: str, text: str) -> RunResult:
 
 
 def run_pretrain(name: str, nproc: int, flags: List[str], port: int = 29650,
-                 timeout: int = 3600, env: Optional[dict] = None) -> RunResult:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-port", str(port), os.path.join(ROOT, "pretrain_gpt.py")] + flags
+                 timeout: int = 3600, env: Optional[dict] = None, nodes: int = 1) -> RunResult:
+    """`nodes` > 1: that many torchrun agents (--nnodes, --node-rank) share the nproc ranks on
+    this machine, an emulated cluster whose nodes the log line's inter-node fields tell apart."""
     e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
     t0 = time.time()
-    p = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
-    if p.returncode:
-        raise RuntimeError(f"{name} failed:\n{p.stderr[-4000:]}")
-    r = parse_log(name, p.stdout)
+    procs, files = [], []
+    for node in range(nodes):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+               str(nproc // nodes), "--master-port", str(port)]
+        if nodes > 1:
+            cmd += ["--nnodes", str(nodes), "--node-rank", str(node),
+                    "--master-addr", "127.0.0.1"]
+        # files, not pipes: a full pipe of one agent would stall the collective of the others
+        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        files.append((out, err))
+        procs.append(subprocess.Popen(cmd + [os.path.join(ROOT, "pretrain_gpt.py")] + flags,
+                                      cwd=ROOT, env=e, stdout=out, stderr=err, text=True))
+    try:
+        for p in procs:
+            p.wait(timeout=max(timeout - (time.time() - t0), 1))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    outs = []
+    for out, err in files:
+        out.seek(0)
+        err.seek(0)
+        outs.append((out.read(), err.read()))
+        out.close()
+        err.close()
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode:
+            raise RuntimeError(f"{name} failed:\n{err[-4000:]}")
+    # the log line is printed by the last rank: on the last node
+    r = parse_log(name, "".join(out for out, _ in outs))
     r.wall_s = time.time() - t0
     return r
 

@@ -37,9 +37,10 @@ class Link:
     """One direction across one stage boundary, seen from one end."""
 
     def __init__(self, channel: str, peer: int, codec=None,
-                 policy: Optional[Callable[[Message], bool]] = None):
+                 policy: Optional[Callable[[Message], bool]] = None, leaves_node: bool = False):
         self.channel = channel
         self.peer = peer            # global rank of the other end
+        self.leaves_node = leaves_node   # the peer is on another node (counted apart)
         self.codec = codec          # None = always uncompressed
         self.policy = policy        # None = compress every message when a codec is set
 
@@ -93,33 +94,33 @@ class PendingExchange:
     line): it is host time the step was blocked, measured with a clock and no device sync.
     """
 
-    def __init__(self, channels, send_reqs, payload, send_channel, recv_reqs, recv_spec):
+    def __init__(self, channels, send_reqs, payload, send_link, recv_reqs, recv_spec):
         self.channels = channels
-        self.send_reqs, self.payload, self.send_channel = send_reqs, payload, send_channel
+        self.send_reqs, self.payload, self.send_link = send_reqs, payload, send_link
         self.recv_reqs, self.recv_spec = recv_reqs, recv_spec
         self._out = None
 
     def wait_send(self) -> None:
         """The payload may be freed or reused after this."""
         if self.send_reqs:
-            _timed_wait(self.send_reqs, self.channels.stats, self.send_channel)
+            _timed_wait(self.send_reqs, self.channels.stats, self.send_link)
         self.send_reqs, self.payload = [], None
 
     def result(self) -> Optional[torch.Tensor]:
         """The decoded received tensor (waits for it the first time)."""
         if self.recv_spec is not None and self._out is None:
             link, msg, bufs = self.recv_spec
-            _timed_wait(self.recv_reqs, self.channels.stats, link.channel if msg.train else None)
+            _timed_wait(self.recv_reqs, self.channels.stats, link if msg.train else None)
             self._out = self.channels._decode(link, msg, bufs)
         return self._out
 
 
-def _timed_wait(reqs, stats: ChannelStats, channel: Optional[str]) -> None:
+def _timed_wait(reqs, stats: ChannelStats, link: Optional[Link]) -> None:
     t0 = time.perf_counter()
     for r in reqs:
         r.wait()
-    if channel is not None:
-        stats.add_wait(channel, time.perf_counter() - t0)
+    if link is not None:
+        stats.add_wait(link.channel, time.perf_counter() - t0, link.leaves_node)
 
 
 class PipelineChannels:
@@ -160,7 +161,7 @@ class PipelineChannels:
             payload = link.encode(x, msg)
             raw = x.numel() * x.element_size()
             if msg.train:  # per-iteration training traffic; evaluation is not counted
-                self.stats.add(link.channel, nbytes(payload), raw)
+                self.stats.add(link.channel, nbytes(payload), raw, link.leaves_node)
             sends = [(p, link.peer) for p in payload]
             if self.probe is not None and link.channel == "pp-bwd" and link.compressed(msg):
                 self.probe.error(link.codec.error(x.shape))
@@ -173,8 +174,8 @@ class PipelineChannels:
             self.transport = P2PTransport()
         send_reqs, recv_reqs = self.transport.post(sends, recvs)
         # evaluation passes are not training traffic: neither their bytes nor their waits count
-        send_channel = send[0].channel if send is not None and send[2].train else None
-        return PendingExchange(self, send_reqs, payload, send_channel, recv_reqs, recv_spec)
+        send_link = send[0] if send is not None and send[2].train else None
+        return PendingExchange(self, send_reqs, payload, send_link, recv_reqs, recv_spec)
 
     def _decode(self, link: Link, msg: Message, bufs) -> torch.Tensor:
         out = link.decode(bufs, self.shape, self.dtype, msg)

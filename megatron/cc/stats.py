@@ -3,9 +3,14 @@
 Every channel adds what it actually puts on the wire (payload numel * element_size) and what
 the same message would have cost uncompressed, so the log line can print real ratios. Counters
 are plain Python ints on the host: counting never forces a device sync.
+
+Traffic that leaves the node is also counted apart (`<channel> inter-node` entries, only on
+jobs that span nodes, so a one-node log line is unchanged): a point-to-point message when its
+peer is on another node, a collective when its group spans nodes (`leaves_node`, set when the
+channel is built).
 """
 from collections import defaultdict
-from typing import Dict, Iterable
+from typing import Dict, Iterable, Optional
 
 import torch
 
@@ -25,10 +30,19 @@ class ChannelStats:
         self.messages: Dict[str, int] = defaultdict(int)
         self.diagnostics: Dict[str, list] = {}   # name -> [sum, count]
         self.wait: Dict[str, float] = defaultdict(float)  # seconds the step blocked on a channel
+        self.sent_inter: Dict[str, int] = defaultdict(int)      # of `sent`, what left the node
+        self.wait_inter: Dict[str, float] = defaultdict(float)  # of `wait`, on such transfers
+        self.leaves_node: Dict[str, bool] = {}   # collective channels whose group spans nodes
 
-    def add_wait(self, channel: str, seconds: float) -> None:
-        """Host time spent waiting for `channel`'s transfers (a clock; no device sync)."""
+    def _inter(self, channel: str, inter: Optional[bool]) -> bool:
+        return self.leaves_node.get(channel, False) if inter is None else inter
+
+    def add_wait(self, channel: str, seconds: float, inter: Optional[bool] = None) -> None:
+        """Host time spent waiting for `channel`'s transfers (a clock; no device sync).
+        `inter`: the transfer left the node (None: the channel's `leaves_node`)."""
         self.wait[channel] += seconds
+        if self._inter(channel, inter):
+            self.wait_inter[channel] += seconds
 
     def observe(self, name: str, value) -> None:
         """A diagnostic value (float or 0-dim tensor, summed on its device and read only by
@@ -37,10 +51,12 @@ class ChannelStats:
         acc[0] += value
         acc[1] += 1
 
-    def add(self, channel: str, sent: int, raw: int) -> None:
+    def add(self, channel: str, sent: int, raw: int, inter: Optional[bool] = None) -> None:
         self.sent[channel] += sent
         self.raw[channel] += raw
         self.messages[channel] += 1
+        if self._inter(channel, inter):
+            self.sent_inter[channel] += sent
 
     def reset(self) -> None:
         self.sent.clear()
@@ -48,6 +64,8 @@ class ChannelStats:
         self.messages.clear()
         self.diagnostics.clear()
         self.wait.clear()
+        self.sent_inter.clear()
+        self.wait_inter.clear()
 
     def snapshot(self) -> Dict[str, Dict[str, int]]:
         snap = {c: {"sent": self.sent[c], "raw": self.raw[c], "messages": self.messages[c]}
@@ -57,6 +75,10 @@ class ChannelStats:
         for c in CHANNELS:
             if self.wait.get(c):
                 snap[f"{c} wait"] = {"seconds": self.wait[c], "ranks": 1}
+            if self.sent_inter.get(c):
+                snap[f"{c} inter-node"] = {"bytes": self.sent_inter[c]}
+            if self.wait_inter.get(c):
+                snap[f"{c} inter-node wait"] = {"seconds": self.wait_inter[c], "ranks": 1}
         return snap
 
     @staticmethod
@@ -89,6 +111,15 @@ class ChannelStats:
             if v:  # the mean over the ranks that waited, per iteration
                 ms = 1000.0 * v["seconds"] / v["ranks"] / max(iterations, 1)
                 parts.append(f"{c} wait ms: {ms:.1f}")
+        for c in CHANNELS:   # jobs that span nodes: the share that left the node
+            v = totals.get(f"{c} inter-node")
+            if v:
+                parts.append(f"{c} inter-node bytes: "
+                             f"{human_bytes(v['bytes'] / max(iterations, 1))}")
+            v = totals.get(f"{c} inter-node wait")
+            if v:
+                ms = 1000.0 * v["seconds"] / v["ranks"] / max(iterations, 1)
+                parts.append(f"{c} inter-node wait ms: {ms:.1f}")
         return " | ".join(parts)
 
 

@@ -4,6 +4,7 @@ The only place where flags meet megatron.cc: it picks codecs and modes from the
 CompressionConfig, looks up process groups and peers in megatron-core's parallel_state,
 and hands both to the library's constructors.
 """
+import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
 from megatron.cc.grad_sync import (EmbeddingSync, ExactDataParallelSync, FusedEmbeddingSync,
@@ -19,6 +20,7 @@ from megatron.cc.policy import BackwardCompressionPolicy
 from megatron.cc.speed import CompSpeed, TimedCodec
 from megatron.training.dp_modes import build_dp_mode_sync
 from megatron.training.initialize import group_timeout
+from megatron.training.nodes import spans_nodes
 from megatron.training.pipeline_codecs import attach_codecs
 from megatron.training.transports import data_parallel_group, pipeline_transport
 
@@ -62,11 +64,13 @@ def backward_policy(args, sender_stage: int) -> BackwardCompressionPolicy:
         epilogue_only=c.inter_grad_comp_epilogue_only)
 
 
-def build_pipeline_channels(args, config, stats, epoch_samples=None) -> PipelineChannels:
+def build_pipeline_channels(args, config, stats, epoch_samples=None,
+                            nodes=None) -> PipelineChannels:
     """This stage's ends of the fwd/bwd links; both ends of a link build identical codecs.
 
     `epoch_samples`: samples in one pass over the training split (--warmup-epochs and the
-    default activation-cache size need it).
+    default activation-cache size need it). `nodes`: every rank's node (nodes.node_of_ranks),
+    for counting what leaves the node apart; None: one node.
     """
     stage = ps.get_pipeline_model_parallel_rank()
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
@@ -75,14 +79,18 @@ def build_pipeline_channels(args, config, stats, epoch_samples=None) -> Pipeline
     if args.pp > 1:
         prev = ps.get_pipeline_model_parallel_prev_rank()
         nxt = ps.get_pipeline_model_parallel_next_rank()
+        me = dist.get_rank()
         if not first:
-            links["prev_fwd"] = Link("pp-fwd", prev)
+            out = spans_nodes(nodes, (me, prev))
+            links["prev_fwd"] = Link("pp-fwd", prev, leaves_node=out)
             links["prev_bwd"] = Link("pp-bwd", prev, backward_codec(c, seed),
-                                     backward_policy(args, sender_stage=stage))
+                                     backward_policy(args, sender_stage=stage), leaves_node=out)
         if not last:
-            links["next_fwd"] = Link("pp-fwd", nxt)
+            out = spans_nodes(nodes, (me, nxt))
+            links["next_fwd"] = Link("pp-fwd", nxt, leaves_node=out)
             links["next_bwd"] = Link("pp-bwd", nxt, backward_codec(c, seed),
-                                     backward_policy(args, sender_stage=stage + 1))
+                                     backward_policy(args, sender_stage=stage + 1),
+                                     leaves_node=out)
     attach_codecs(args, links, epoch_samples)   # AC-SGD / TAH-Quant codecs and warm-up
     speed = speed_meter(args, stats)
     for link in links.values():
@@ -109,9 +117,10 @@ def overlapped(dp, args):
     return dp   # a dp mode without an overlapped twin stays synchronous
 
 
-def build_grad_sync(args, model, stats) -> GradSync:
+def build_grad_sync(args, model, stats, nodes=None) -> GradSync:
     """dp channel (exact, PowerSGD on the first k stages, or a parameter-syncing --dp-mode)
     + emb channel (plain or fused; a --dp-mode has no dp all-reduce to fuse with).
+    `nodes`: as build_pipeline_channels (marks the dp and emb groups that span nodes).
 
     Collective when --emb-comm-opt and pp > 1 (creates the fused groups) or with a
     parameter-syncing --dp-mode (creates the exchange groups): call on every rank.
@@ -119,6 +128,7 @@ def build_grad_sync(args, model, stats) -> GradSync:
     c = args.compression
     # pp == 1: the embedding goes with the dp sync; a --dp-mode has no all-reduce to fuse with
     fused = c.emb_comm_opt and args.pp > 1 and not c.syncs_parameters
+    mark_inter_node(stats, nodes, fused)
     dp = build_dp_mode_sync(args, stats) if c.syncs_parameters else \
         gradient_sync(args, stats, fused)
     if c.hetero:   # emulated slow replicas, for comparing the dp modes under --hetero
@@ -133,6 +143,16 @@ def build_grad_sync(args, model, stats) -> GradSync:
         return GradSync(dp, emb_channel(args, FusedEmbeddingSync(group, stats, args.dp), stats))
     emb_group = ps.get_embedding_group(check_initialized=False) if member else None
     return GradSync(dp, emb_channel(args, EmbeddingSync(emb_group, stats), stats))
+
+
+def mark_inter_node(stats, nodes, fused: bool) -> None:
+    """Which of this rank's collective channels span nodes: the dp group; the embedding's
+    first and last stage (fused: of every replica)."""
+    dp = dist.get_process_group_ranks(ps.get_data_parallel_group())
+    pipe = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
+    stats.leaves_node["dp"] = spans_nodes(nodes, dp)
+    stats.leaves_node["emb"] = spans_nodes(nodes, (pipe[0], pipe[-1])) or \
+        (fused and stats.leaves_node["dp"])
 
 
 def gradient_sync(args, stats, fused: bool):

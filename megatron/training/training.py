@@ -22,6 +22,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron.cc.grad_sync.replica_adam import use_replica_adam
 from megatron.training.channels import build_grad_sync, build_pipeline_channels
+from megatron.training.nodes import node_of_ranks
 from megatron.cc.schedule import forward_backward_1f1b, forward_backward_no_pipelining, run_backward
 from megatron.cc.gpipe import forward_backward_gpipe
 from megatron.cc.schedule_overlap import forward_backward_1f1b_overlap
@@ -111,9 +112,10 @@ class Trainer:
         self.rampup = BatchRampup.from_args(args)   # --rampup-batch-size (else constant)
         self.train_ds, self.valid_ds, _ = self._build_datasets()
         self.epoch_samples = self._epoch_samples()
+        nodes = node_of_ranks()   # inter-node traffic is counted apart
         self.channels = build_pipeline_channels(args, self.config, self.stats,
-                                                epoch_samples=self.epoch_samples)
-        self.grad_sync = build_grad_sync(args, self.model, self.stats)
+                                                epoch_samples=self.epoch_samples, nodes=nodes)
+        self.grad_sync = build_grad_sync(args, self.model, self.stats, nodes)
         self.iteration, self.consumed_samples = 0, 0
         self.writer = self._tensorboard()
         self.run_log = RunLog(args.logging, dist.get_rank() == dist.get_world_size() - 1)
@@ -352,8 +354,9 @@ class Trainer:
             self.writer.add_scalar("grad-norm", metrics["grad norm"], self.iteration)
             self.writer.add_scalar("tokens-per-second", tokens_per_s, self.iteration)
             for c, v in totals.items():
-                if "sent" in v:
-                    self.writer.add_scalar(f"bytes/{c}", v["sent"] / max(iters, 1), self.iteration)
+                if "sent" in v or "bytes" in v:   # "<channel> inter-node": what left the node
+                    self.writer.add_scalar(f"bytes/{c}", v.get("sent", v.get("bytes"))
+                                           / max(iters, 1), self.iteration)
                 elif "seconds" in v:   # "<channel> wait": ms per iteration, mean over ranks
                     self.writer.add_scalar(f"wait-ms/{c[:-5]}", 1000 * v["seconds"] / v["ranks"]
                                            / max(iters, 1), self.iteration)

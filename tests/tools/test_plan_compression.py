@@ -1,6 +1,7 @@
 """tools/plan_compression.py: `bytes` prints, line for line, what a real pretrain_gpt.py run logs
-(one short torchrun at pp=2 x dp=2 with a codec on every channel); `plan` ranks candidates and
-plots; bad input is refused with the flag (or YAML key) named."""
+(one short run at pp=2 x dp=2 with a codec on every channel, launched as two emulated nodes
+whose traffic the log line splits); `plan` ranks candidates and plots; bad input is refused
+with the flag (or YAML key) named."""
 import re
 
 import pytest
@@ -18,6 +19,7 @@ E2E = {"pipeline-model-parallel-size": 2, "train-iters": 3, "log-interval": 1,
        "grad-comp": True, "grad-comp-rank": 4, "emb-comm-opt": True, "emb-grad-comp": True,
        "emb-grad-comp-rank": 2}
 _CHANNEL = re.compile(r"((?:pp-fwd|pp-bwd|dp|emb) bytes: [\d.]+[KMG]?B \(x[\d.inf]+\))")
+_INTER = re.compile(r"(pp-fwd|pp-bwd|dp|emb) inter-node bytes: ([\d.]+[KMG]?B)")
 
 
 def _logged(log: str):
@@ -37,9 +39,18 @@ def _predicted(capsys, argv):
 
 def test_bytes_equal_the_logged_bytes_of_a_real_run(tiny_corpus, capsys):
     argv = tiny_gpt_argv(tiny_corpus, **E2E)
-    run = run_pretrain("plan-e2e", 4, argv, port=free_port(), timeout=300)
+    # two torchrun agents: ranks 0, 1 (stage 0) on node 0, ranks 2, 3 (stage 1) on node 1
+    run = run_pretrain("plan-e2e", 4, argv, port=free_port(), timeout=300, nodes=2)
     logged = _logged(run.log)
     assert sorted(logged) == [1, 2, 3]
+    # what left the node: every pipeline message and the embedding sync (first and last
+    # stage), none of the dp all-reduce (each replica pair is on one node)
+    lines = [l for l in run.log.splitlines() if re.search(r" iteration\s+\d+/", l)]
+    for line, fields in zip(lines, (logged[i] for i in (1, 2, 3))):
+        total = {f.split(" bytes: ")[0]: f.split(" bytes: ")[1].split(" ")[0] for f in fields}
+        inter = dict(_INTER.findall(line))
+        assert inter == {c: total[c] for c in ("pp-fwd", "pp-bwd", "emb")}, line
+        assert "pp-fwd inter-node wait ms" in line and "dp inter-node" not in line
     for it in (1, 2, 3):   # the log counts iterations from 1, the codecs' policies from 0
         predicted = _predicted(capsys, ["bytes", "--world-size", "4", "--iteration",
                                         str(it - 1), "--"] + argv)
