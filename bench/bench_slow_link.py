@@ -287,7 +287,9 @@ def run_one(link: SlowLink, name: str, rate: str, overlap: bool, iters: int, ski
         try:
             for rank in range(world):
                 side = side_of(rank, placement, dp)
+                # GROUP_RANK: each side of the link is a node (the log's inter-node fields)
                 env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
+                           GROUP_RANK=str(side),
                            MASTER_ADDR=link.ip[0], MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                            GLOO_SOCKET_IFNAME=link.dev[side], PYTHONPATH=ROOT,
                            PYTHONWARNINGS="ignore")
