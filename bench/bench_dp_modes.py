@@ -101,6 +101,10 @@ def diloco(h: int, comp: str = "none"):
     return ["--dp-mode", "diloco", "--diloco-inner-steps", str(h), "--diloco-compression", comp]
 
 
+def diloco_cocktail(h: int, random_ratio: float, bits: int = 2):
+    return diloco(h, "cocktail") + cocktail(random_ratio, 1.0, bits)[2:]
+
+
 RUNS = {
     "allreduce": [],
     "isolated": [],   # one replica's share of the batch, the same validation samples: batch()
@@ -159,6 +163,12 @@ RUNS = {
     + ["--sparseloco-outer-lr", "2"] + DPADAM,
     "sparseloco-H15-d1.56-2b-beta1-dpadam": sparseloco(15, 1 / 64, 2)
     + ["--sparseloco-error-decay", "1"] + DPADAM,
+    # DiLoCo's outer Nesterov over CocktailSGD's sharded exchange of a random 1/s subset at 2
+    # bits (no indices; the owners' re-compression keeps its own error): >= 1000x
+    "diloco-H15-cocktail-r0.2-2b-dpadam": diloco_cocktail(15, 0.2) + DPADAM,     # x1129
+    "diloco-H20-cocktail-r0.25-2b-dpadam": diloco_cocktail(20, 0.25) + DPADAM,   # x1204
+    "diloco-H40-cocktail-r0.5-2b-dpadam": diloco_cocktail(40, 0.5) + DPADAM,     # x1205
+    "diloco-H50-cocktail-r0.5-2b-dpadam": diloco_cocktail(50, 0.5) + DPADAM,     # x1506
 }
 
 
