@@ -151,9 +151,9 @@ class PipelineChannels:
     def post(self, send: Optional[tuple], recv: Optional[tuple]) -> "PendingExchange":
         """Encode and post one batch (send=(link, x, msg), recv=(link, msg)); do not wait.
 
-        The synchronous calls below are post + wait; the overlapped schedule
-        (schedule_overlap.py) posts the same batches in the same order and waits later, so
-        encode/decode order per link, the policy decisions and the byte counts are unchanged.
+        The synchronous calls below are post + wait; the schedule (schedule.py) posts its
+        batches and waits when its mode says, in the same order per link, so encode/decode
+        order, the policy decisions and the byte counts do not depend on the mode.
         """
         sends, recvs, payload, recv_spec = [], [], None, None
         if send is not None:
@@ -197,16 +197,6 @@ class PipelineChannels:
     def send_backward(self, g: Optional[torch.Tensor], msg: Message) -> None:
         if self.prev_bwd is not None:
             self._exchange((self.prev_bwd, g, msg), None)
-
-    def send_forward_recv_backward(self, y, fwd_msg: Message, bwd_msg: Message):
-        if self.next_fwd is None:
-            return None
-        return self._exchange((self.next_fwd, y, fwd_msg), (self.next_bwd, bwd_msg))
-
-    def send_backward_recv_forward(self, g, bwd_msg: Message, fwd_msg: Message):
-        if self.prev_bwd is None:
-            return None
-        return self._exchange((self.prev_bwd, g, bwd_msg), (self.prev_fwd, fwd_msg))
 
     # -- checkpointable codec state ---------------------------------------------------------
     def close(self) -> None:

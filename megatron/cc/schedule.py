@@ -1,9 +1,40 @@
-"""Pipeline schedules (no pipelining, and non-interleaved 1F1B) that know what codecs need.
+"""The pipeline schedule: one 1F1B loop that knows what codecs need, in three exchange modes.
 
 Megatron-core's schedules hide the micro-batch index and phase of each send and create a
 CUDA token counter; ours pass an explicit `Message(microbatch, iteration, sample_ids)` with
 every send and receive, so the compression policy and the per-sample activation caches work
 from facts both ends compute, not from call order.
+
+One loop runs every schedule. `_order` lists the step's compute (`warmup` forwards, then one
+forward and one backward in turn, then the backwards still in flight); the loop takes each
+step's input from a posted receive, computes, and posts its output (`PipelineChannels.post`:
+encode and post one batch, wait later). What differs is when batches are posted and waited:
+
+- SYNC waits for each batch before computing again, so every message crosses the link while
+  both stages idle. In the steady phase a send and the next receive (same neighbour) go out in
+  one batch, as Megatron does, so 1F1B cannot deadlock.
+- PAIRED (--overlap-p2p-comm on NCCL) posts SYNC's batches in SYNC's order and defers only
+  the send waits, to the end of the step (Megatron's overlap_p2p_comm pattern). NCCL needs
+  that: torch runs the sends and receives between two ranks on one stream, where receives
+  posted ahead in a different order on the two ends would deadlock.
+- PREFETCH (--overlap-p2p-comm on gloo) posts every send on its own, waited for at the end of
+  the step, and each receive one micro-batch ahead, before the compute that precedes its use:
+  on gloo a send only starts moving once its receive is posted, so this is what lets
+  activation i+1 cross the link while stage s+1 computes micro-batch i.
+
+Deferred sends keep their payloads referenced until the end of the step: memory for at most
+M messages per link, about what 1F1B keeps alive for backward anyway. In every mode encode
+happens at the send and decode when the tensor is first needed, in the same micro-batch order
+on every link: codec state, policy decisions and byte counts are SYNC's, so the losses are
+identical (tests/cc/test_overlap.py).
+
+GPipe (AC-SGD's --pp-mode gpipe) is 1F1B whose warm-up is every micro-batch: its cool-down is
+GPipe's backward phase. The backwards run in the same micro-batch order (0..M-1) as 1F1B's,
+so gradients accumulate in the same order and both give the same losses and weights. GPipe
+holds all M micro-batches' activations at once (1F1B at most pp); what it buys is a simpler
+message pattern: stage s only ever waits on one neighbour per phase. Forward-only passes
+(evaluation) are the warm-up alone; pp = 1 is the degenerate case with no links (warm-up 0:
+forward and backward of each micro-batch in turn, nothing posted).
 
 A `StageStep` supplies the stage's computation:
     forward(input_tensor | None, microbatch) -> output tensor (last stage: the scalar loss,
@@ -11,12 +42,43 @@ A `StageStep` supplies the stage's computation:
     backward(input_tensor, output_tensor, output_grad | None) -> input grad | None
     sample_ids(microbatch) -> (B,) int64
 """
-from typing import List, Optional
+from dataclasses import dataclass
+from typing import Dict, List, NamedTuple
 
 import torch
 
 from megatron.cc.p2p import Message, PipelineChannels
 from megatron.cc.policy import num_warmup_microbatches
+
+SYNC, PAIRED, PREFETCH = "sync", "paired", "prefetch"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How one step runs: `exchange` (SYNC, PAIRED or PREFETCH, see above), `gpipe` (warm-up
+    M), `forward_only` (forwards alone, uncompressed messages: evaluation)."""
+    exchange: str = SYNC
+    gpipe: bool = False
+    forward_only: bool = False
+
+
+class Op(NamedTuple):
+    """One compute step. `chunk` is the model chunk (0 until interleaved schedules add more);
+    `steady`: in 1F1B's steady phase, where a send is paired with the next step's receive."""
+    forward: bool
+    microbatch: int
+    steady: bool = False
+    chunk: int = 0
+
+
+def _order(M: int, warmup: int, forward_only: bool) -> List[Op]:
+    """The compute order, and the one place a (chunk, micro-batch) is assigned to each step."""
+    if forward_only:
+        return [Op(True, mb) for mb in range(M)]
+    steady = [Op(fwd, warmup + i if fwd else i, True)
+              for i in range(M - warmup) for fwd in (True, False)]
+    return ([Op(True, mb) for mb in range(warmup)] + steady
+            + [Op(False, mb) for mb in range(M - warmup, M)])
 
 
 def run_backward(input_tensor, output_tensor, output_grad):
@@ -27,65 +89,75 @@ def run_backward(input_tensor, output_tensor, output_grad):
     return None if input_tensor is None else input_tensor.grad
 
 
-def forward_backward_no_pipelining(step, num_microbatches: int, forward_only=False) -> None:
-    for mb in range(num_microbatches):
-        out = step.forward(None, mb)
-        if not forward_only:
-            step.backward(None, out, None)
-
-
-def forward_backward_1f1b(step, channels: PipelineChannels, num_microbatches: int,
-                          iteration: int, pp_rank: int, pp_size: int,
-                          forward_only: bool = False, warmup: Optional[int] = None) -> None:
-    """`warmup`: forwards before the first backward (default 1F1B's, pp - rank - 1, capped
-    at M); M gives GPipe (every forward, then every backward, in micro-batch order)."""
+def forward_backward(step, channels: PipelineChannels, num_microbatches: int, iteration: int,
+                     pp_rank: int, pp_size: int, schedule: Schedule = Schedule()) -> None:
     M = num_microbatches
+    gpipe = schedule.gpipe and pp_size > 1   # one stage: nothing to pipeline
+    warmup = M if gpipe or schedule.forward_only else num_warmup_microbatches(pp_rank, pp_size, M)
+    _Loop(step, channels, iteration, schedule).run(_order(M, warmup, schedule.forward_only))
 
-    def msg(mb):
-        return Message(microbatch=mb, iteration=iteration, sample_ids=step.sample_ids(mb),
-                       train=not forward_only)
 
-    if forward_only:
-        warmup = M
-    elif warmup is None:
-        warmup = num_warmup_microbatches(pp_rank, pp_size, M)
-    remaining = M - warmup
-    inputs: List = []
-    outputs: List = []
+class _Loop:
+    def __init__(self, step, channels: PipelineChannels, iteration: int, schedule: Schedule):
+        self.step, self.ch, self.iteration = step, channels, iteration
+        self.exchange, self.train = schedule.exchange, not schedule.forward_only
+        self.saved: Dict = {}     # (chunk, micro-batch) -> (input, output), kept for backward
+        self.sends: List = []     # posted sends whose wait is deferred to the end of the step
+        self.recvs: Dict = {}     # step index -> its posted receive (None: nothing to receive)
 
-    for mb in range(warmup):
-        x = channels.recv_forward(msg(mb))
-        y = step.forward(x, mb)
-        channels.send_forward(y, msg(mb))
-        if not forward_only:
-            inputs.append(x)
-            outputs.append(y)
+    def run(self, ops: List[Op]) -> None:
+        prefetch = self.exchange == PREFETCH
+        if prefetch:   # the first receive of each kind, before any compute
+            for fwd in (True, False):
+                self._prefetch(ops, -1, fwd)
+        for i, op in enumerate(ops):
+            h = self.recvs.pop(i) if i in self.recvs else self._post(None, self._recv(op))
+            got = None if h is None else h.result()   # activation, or gradient of the output
+            if prefetch and op.forward:
+                self._prefetch(ops, i, True)   # crosses the link while we compute this one
+            y = self._compute(op, got)
+            link = self.ch.next_fwd if op.forward else self.ch.prev_bwd
+            send = None if link is None else (link, y, self._msg(op))
+            nxt = ops[i + 1] if i + 1 < len(ops) else None
+            if not prefetch and op.steady and nxt is not None and nxt.steady:
+                self.recvs[i + 1] = self._post(send, self._recv(nxt))
+            else:
+                self._post(send, None)
+            if prefetch and not op.forward:   # once this gradient is out, the next one's
+                self._prefetch(ops, i, False)
+        for h in self.sends:
+            h.wait_send()
 
-    fwd_mb, bwd_mb = warmup, 0
-    x = channels.recv_forward(msg(fwd_mb)) if remaining > 0 else None
-    for i in range(remaining):
-        last = i == remaining - 1
-        y = step.forward(x, fwd_mb)
-        # Steady state: hand the activation on and, in the same batch, wait for the gradient
-        # of the oldest in-flight micro-batch.
-        g = channels.send_forward_recv_backward(y, msg(fwd_mb), msg(bwd_mb))
-        inputs.append(x)
-        outputs.append(y)
-        fwd_mb += 1
-        x0, y0 = inputs.pop(0), outputs.pop(0)
-        gx = step.backward(x0, y0, g)
-        if last:
-            channels.send_backward(gx, msg(bwd_mb))
-            x = None
-        else:
-            x = channels.send_backward_recv_forward(gx, msg(bwd_mb), msg(fwd_mb))
-        bwd_mb += 1
+    def _compute(self, op: Op, got):
+        if op.forward:
+            y = self.step.forward(got, op.microbatch)
+            if self.train:
+                self.saved[op.chunk, op.microbatch] = (got, y)
+            return y
+        x, y = self.saved.pop((op.chunk, op.microbatch))
+        return self.step.backward(x, y, got)
 
-    if forward_only:
-        return
-    for _ in range(warmup):  # cool-down: drain the in-flight micro-batches
-        g = channels.recv_backward(msg(bwd_mb))
-        x0, y0 = inputs.pop(0), outputs.pop(0)
-        gx = step.backward(x0, y0, g)
-        channels.send_backward(gx, msg(bwd_mb))
-        bwd_mb += 1
+    def _msg(self, op: Op) -> Message:
+        return Message(microbatch=op.microbatch, iteration=self.iteration,
+                       sample_ids=self.step.sample_ids(op.microbatch), train=self.train)
+
+    def _recv(self, op: Op):
+        link = self.ch.prev_fwd if op.forward else self.ch.next_bwd
+        return None if link is None else (link, self._msg(op))
+
+    def _prefetch(self, ops: List[Op], i: int, forward: bool) -> None:
+        """Post the receive of the next step after `i` of the same kind."""
+        j = next((j for j in range(i + 1, len(ops)) if ops[j].forward == forward), None)
+        if j is not None:
+            self.recvs[j] = self._post(None, self._recv(ops[j]))
+
+    def _post(self, send, recv):
+        """Post one batch; SYNC waits for its send now, the others at the end of the step."""
+        if send is None and recv is None:
+            return None
+        h = self.ch.post(send, recv)
+        if self.exchange == SYNC:
+            h.wait_send()
+        elif send is not None:
+            self.sends.append(h)
+        return h

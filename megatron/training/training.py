@@ -23,9 +23,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.cc.grad_sync.replica_adam import use_replica_adam
 from megatron.training.channels import build_grad_sync, build_pipeline_channels
 from megatron.training.nodes import node_of_ranks
-from megatron.cc.schedule import forward_backward_1f1b, forward_backward_no_pipelining, run_backward
-from megatron.cc.gpipe import forward_backward_gpipe
-from megatron.cc.schedule_overlap import forward_backward_1f1b_overlap
+from megatron.cc.schedule import PAIRED, PREFETCH, SYNC, Schedule, forward_backward, run_backward
 from megatron.cc.stats import ChannelStats
 from megatron.training import data as data_mod
 from megatron.training import comp_summary
@@ -52,8 +50,8 @@ def print_rank_0(msg: str) -> None:
 
 
 def prefetch_receives(transport) -> bool:
-    """May --overlap-p2p-comm post receives ahead? Not on NCCL (schedule_overlap.py: out of
-    order on one stream it can deadlock). Asked of the pipeline transport's own group, which
+    """May --overlap-p2p-comm post receives ahead? Not on NCCL (schedule.py: out of order
+    on one stream it can deadlock). Asked of the pipeline transport's own group, which
     --pp-backend may put on another backend than the job's default."""
     group = None if transport is None else transport.group
     return dist.get_backend(group) != "nccl"
@@ -239,20 +237,13 @@ class Trainer:
     # ---------------------------------------------------------------- one iteration
     def forward_backward(self, dataset, consumed: int, forward_only=False) -> StageStep:
         step = StageStep(self, dataset, consumed, forward_only)
-        M = self.batches.num_microbatches
-        if self.args.pp == 1:
-            forward_backward_no_pipelining(step, M, forward_only)
-        elif self.args.compat.pp_mode == "gpipe":
-            forward_backward_gpipe(step, self.channels, M, self.iteration, forward_only)
-        elif self.args.parallel.overlap_p2p_comm:
-            forward_backward_1f1b_overlap(step, self.channels, M,
-                                          self.iteration, ps.get_pipeline_model_parallel_rank(),
-                                          self.args.pp, forward_only,
-                                          prefetch=prefetch_receives(self.channels.transport))
-        else:
-            forward_backward_1f1b(step, self.channels, M,
-                                  self.iteration, ps.get_pipeline_model_parallel_rank(),
-                                  self.args.pp, forward_only)
+        gpipe = self.args.compat.pp_mode == "gpipe"
+        exchange = SYNC   # GPipe's exchanges stay synchronous
+        if self.args.parallel.overlap_p2p_comm and not gpipe:
+            exchange = PREFETCH if prefetch_receives(self.channels.transport) else PAIRED
+        forward_backward(step, self.channels, self.batches.num_microbatches, self.iteration,
+                         ps.get_pipeline_model_parallel_rank(), self.args.pp,
+                         Schedule(exchange, gpipe, forward_only))
         return step
 
     def _set_batch_size(self) -> None:

@@ -1,15 +1,15 @@
 """Epilogue-only CB: both ends agree, and the compressed sends are exactly the critical ones.
 
 The real 1F1B schedule is driven with recording channels for every stage. A backward send on
-the critical path is one the schedule makes with a plain send_backward (last steady-phase
-iteration and cool-down); steady-state sends go out combined with the next forward receive.
+the critical path is one the schedule posts on its own (last steady-phase iteration and
+cool-down); steady-state sends go out in one batch with the next forward receive.
 The policy, evaluated from (stage, micro-batch, pp, M) alone, must select exactly those, and
 each receiver must evaluate the same decision for the same message.
 """
 import pytest
 
 from megatron.cc.policy import BackwardCompressionPolicy
-from megatron.cc.schedule import forward_backward_1f1b
+from megatron.cc.schedule import forward_backward
 
 
 class _Msgs:
@@ -17,28 +17,28 @@ class _Msgs:
         self.plain_sends, self.all_sends, self.recvs = [], [], []
 
 
+class Done:
+    def result(self):
+        return None
+
+    def wait_send(self):
+        pass
+
+
 class RecordingChannels:
+    prev_fwd, prev_bwd, next_fwd, next_bwd = "prev_fwd", "prev_bwd", "next_fwd", "next_bwd"
+
     def __init__(self, rec: _Msgs):
         self.rec = rec
 
-    def recv_forward(self, msg):
-        return None
-
-    def send_forward(self, y, msg):
-        pass
-
-    def recv_backward(self, msg):
-        self.rec.recvs.append(msg.microbatch)
-
-    def send_backward(self, g, msg):
-        self.rec.plain_sends.append(msg.microbatch)
-        self.rec.all_sends.append(msg.microbatch)
-
-    def send_forward_recv_backward(self, y, fmsg, bmsg):
-        self.rec.recvs.append(bmsg.microbatch)
-
-    def send_backward_recv_forward(self, g, bmsg, fmsg):
-        self.rec.all_sends.append(bmsg.microbatch)
+    def post(self, send, recv):
+        if send is not None and send[0] == "prev_bwd":
+            self.rec.all_sends.append(send[2].microbatch)
+            if recv is None:   # a plain backward send
+                self.rec.plain_sends.append(send[2].microbatch)
+        if recv is not None and recv[0] == "next_bwd":
+            self.rec.recvs.append(recv[1].microbatch)
+        return Done()
 
 
 class NullStep:
@@ -62,8 +62,8 @@ class _Msg:
 def test_epilogue_decision_matches_schedule_and_both_ends(pp, M):
     recs = [_Msgs() for _ in range(pp)]
     for stage in range(pp):
-        forward_backward_1f1b(NullStep(), RecordingChannels(recs[stage]), M, iteration=5,
-                              pp_rank=stage, pp_size=pp)
+        forward_backward(NullStep(), RecordingChannels(recs[stage]), M, iteration=5,
+                         pp_rank=stage, pp_size=pp)
     for sender in range(1, pp):
         policy = BackwardCompressionPolicy(sender, pp, M, epilogue_only=True)
         sends, recvs = recs[sender].all_sends, recs[sender - 1].recvs

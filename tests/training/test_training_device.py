@@ -39,8 +39,8 @@ def test_prefetch_follows_the_pipeline_transport_backend(monkeypatch, default, t
     monkeypatch.setattr(training.dist, "get_backend", lambda group=None: backends[group])
     monkeypatch.setattr(training.ps, "get_pipeline_model_parallel_rank", lambda: 0)
     seen = {}
-    monkeypatch.setattr(training, "forward_backward_1f1b_overlap",
-                        lambda *a, prefetch, **k: seen.update(prefetch=prefetch))
+    monkeypatch.setattr(training, "forward_backward", lambda *a: seen.update(
+        prefetch=a[-1].exchange == training.PREFETCH))
     training.Trainer.forward_backward(_fake_trainer(transport), dataset=None, consumed=0)
     assert seen == {"prefetch": prefetch}
 
