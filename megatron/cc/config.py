@@ -26,6 +26,18 @@ class CompressionConfig:
               "RandomizedSVD projections. Default: --seed (Optimus-CC: 714, independent of "
               "--seed). Saved in checkpoints; a resume must keep it.")
 
+    # ---- --compression auto: the planner chooses the codecs (megatron/training/auto_compression.py)
+    compression: str = flag(
+        "manual", "manual: the compression flags given (today's behaviour). auto: at start-up "
+                  "probe every channel's link (bandwidth, latency) and the compute rate, run the "
+                  "planner of tools/plan_compression.py on the launched tp/pp/dp layout, print "
+                  "the plan and train with its fastest candidate within --quality-budget "
+                  "(codecs, dp mode and --overlap-* flags; give none of them by hand).",
+        choices=["manual", "auto"])
+    quality_budget: float = flag(
+        2.0, "--compression auto: largest expected validation-loss gap in percent "
+             "(megatron/cc/plan/quality.py's measured gaps; unmeasured schemes are left out).")
+
     # ---- fwd channel (+ direct bwd quantisation): AC-SGD / AQ-SGD and TAH-Quant
     forward_compress_method: str = flag(
         "none", "Codec of the activations sent forward between pipeline stages: fixpoint "
@@ -539,11 +551,33 @@ class CompressionConfig:
                                   f"them equal")
 
     def validate(self, pp: int, dp: int, tp: int) -> None:
+        self.validate_auto()
         self.validate_pipeline_codecs(pp)
         self.validate_inter_grad_comp(pp)
         self.validate_grad_comp(pp)
         self.validate_dp_mode(dp)
         self.validate_seed_options(pp)
+
+    # fields --compression auto leaves to the user: logging, seeds, transports, emulation
+    AUTO_KEEPS = ("compression", "quality_budget", "check_comp_ratio", "check_comp_speed",
+                  "comp_seed", "dp_backend", "hetero")
+
+    def validate_auto(self) -> None:
+        """--compression auto owns every codec field: one given by hand would be overridden
+        or would change what the planner predicted, so it is refused by name."""
+        import dataclasses
+        if self.quality_budget < 0:
+            raise ConfigError(f"--quality-budget is a loss gap in percent, >= 0; got "
+                              f"{self.quality_budget}")
+        if self.compression == "manual":
+            if self.quality_budget != 2.0:
+                raise ConfigError("--quality-budget is the budget of --compression auto; add "
+                                  "--compression auto or drop it")
+            return
+        for f in dataclasses.fields(self):
+            if f.name not in self.AUTO_KEEPS and getattr(self, f.name) != f.default:
+                raise ConfigError(f"--{f.name.replace('_', '-')} is chosen by --compression "
+                                  f"auto; drop it, or use --compression manual")
 
     def validate_seed_options(self, pp: int) -> None:
         """Optimus-CC's emb compression, dp reducer type, CB codec type and seed."""
