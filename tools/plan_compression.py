@@ -38,8 +38,9 @@ if ROOT not in sys.path:
 
 from megatron.cc.plan.channel_bytes import channel_bytes  # noqa: E402
 from megatron.cc.plan.links import ClusterConfigError, load_cluster  # noqa: E402
-from megatron.cc.plan.shapes import Layout, ModelShape  # noqa: E402
+from megatron.cc.plan.shapes import ModelShape  # noqa: E402
 from megatron.cc.stats import ChannelStats  # noqa: E402
+from megatron.training.auto_compression import layout_of  # noqa: E402
 from megatron.training.config_flags import ConfigError  # noqa: E402
 
 
@@ -86,14 +87,6 @@ def vocab_size(args, given: Optional[int]) -> int:
     from megatron.training.tokenizer import build_tokenizer
     return build_tokenizer(d.tokenizer_type, d.vocab_file, d.merge_file,
                            d.tokenizer_model).vocab_size
-
-
-def layout_of(args) -> Layout:
-    import torch
-    m = args.model
-    dtype = torch.bfloat16 if m.bf16 else torch.float16 if m.fp16 else torch.float32
-    return Layout(args.tp, args.pp, args.dp, args.training.micro_batch_size,
-                  args.num_microbatches, dtype, args.training.train_iters)
 
 
 def format_lines(totals) -> List[str]:
@@ -163,23 +156,9 @@ def _max_pos(flags: List[str]) -> int:
         if "--max-position-embeddings" in flags else 0
 
 
-def _human(n: float) -> str:
-    from megatron.cc.stats import human_bytes as fmt   # the log line's units
-    return fmt(n)
-
-
 def print_plan(cands, top: int) -> None:
-    print(f"{'#':>3} {'tp':>3} {'pp':>3} {'dp':>4} {'M':>4}  {'step s':>8} {'util':>5} "
-          f"{'gap %':>6}  {'pp-fwd':>10} {'pp-bwd':>10} {'dp':>10} {'emb':>10}  scheme")
-    for i, c in enumerate(cands[:top]):
-        lay, b = c.layout, c.bytes
-        cols = [_human(b[ch]["sent"]) if ch in b else "-" for ch in ("pp-fwd", "pp-bwd", "dp",
-                                                                     "emb")]
-        gap = "n/a" if c.gap_pct is None else f"{c.gap_pct:.2f}"
-        print(f"{i + 1:>3} {lay.tp:>3} {lay.pp:>3} {lay.dp:>4} {lay.num_microbatches:>4}  "
-              f"{c.time.total:8.3f} {c.time.utilisation:5.2f} {gap:>6}  "
-              + " ".join(f"{x:>10}" for x in cols)
-              + f"  {c.name}{' (overlap)' if c.overlap else ''}")
+    from megatron.cc.plan.planner import plan_table
+    print("\n".join(plan_table(cands, top)))
 
 
 def plot(cands, shape, cluster, path: str, top: int) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from megatron.cc.plan.shapes import default_ffn_hidden_size, padded_vocab_size
+from megatron.training.auto_flags import validate_auto_args
 from megatron.training.config_flags import ConfigError, add_dataclass_flags, flag, from_namespace
 from megatron.training.seed_flags import (CompatArgs, RecomputeArgs, resolve_sample_based,
                                           validate_seed_flags)
@@ -413,6 +414,7 @@ def validate_args(args: Args) -> None:
     args.training.validate(args.dp)
     args.data.validate()
     args.compression.validate(pp=args.pp, dp=args.dp, tp=args.tp)
+    validate_auto_args(args)
     blend = (args.data.data_path and len(args.data.data_path) > 1) or \
         (args.data.task_name and len([t for t in args.data.task_name.split(",") if t]) > 1)
     if (args.data.repeat_epoch or args.compression.uses_epochs) and blend:

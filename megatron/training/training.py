@@ -100,6 +100,10 @@ class Trainer:
         self.skipped_iters = 0   # since the last log line (fp16 overflow steps)
         self.stats = ChannelStats()
         self.tokenizer = self._build_tokenizer()
+        nodes = node_of_ranks()   # inter-node traffic is counted apart; auto plans with it
+        if args.compression.compression == "auto":   # before anything reads the codec flags
+            from megatron.training.auto_compression import auto_compress
+            auto_compress(args, self.device, nodes, self.tokenizer.vocab_size)
         self.padded_vocab_size = args.model.padded_vocab_size(self.tokenizer.vocab_size, args.tp)
         self.config = transformer_config(args)
         self.model = self._build_model()
@@ -110,7 +114,6 @@ class Trainer:
         self.rampup = BatchRampup.from_args(args)   # --rampup-batch-size (else constant)
         self.train_ds, self.valid_ds, _ = self._build_datasets()
         self.epoch_samples = self._epoch_samples()
-        nodes = node_of_ranks()   # inter-node traffic is counted apart
         self.channels = build_pipeline_channels(args, self.config, self.stats,
                                                 epoch_samples=self.epoch_samples, nodes=nodes)
         self.grad_sync = build_grad_sync(args, self.model, self.stats, nodes)

@@ -86,10 +86,14 @@ class Candidate:
 
     def flags(self) -> List[str]:
         lay = self.layout
-        out = ["--tensor-model-parallel-size", str(lay.tp),
-               "--pipeline-model-parallel-size", str(lay.pp),
-               "--micro-batch-size", str(lay.micro_batch_size),
-               "--global-batch-size", str(lay.global_batch_size)]
+        return ["--tensor-model-parallel-size", str(lay.tp),
+                "--pipeline-model-parallel-size", str(lay.pp),
+                "--micro-batch-size", str(lay.micro_batch_size),
+                "--global-batch-size", str(lay.global_batch_size)] + self.compression_flags()
+
+    def compression_flags(self) -> List[str]:
+        """The scheme's flags and the --overlap-* flags, without the layout's."""
+        lay, out = self.layout, []
         for s in self.schemes:
             out += overrides_to_flags(s.overrides)
         if self.overlap:
@@ -181,6 +185,24 @@ def plan(m: ModelShape, cluster: Cluster, global_batch_size: int, micro_batch_si
                 out.append(Candidate(lay, schemes, overlap, t, channel_bytes(m, lay, c), gap, c))
     out.sort(key=lambda cand: cand.time.total)
     return out
+
+
+def plan_table(cands: List[Candidate], top: int) -> List[str]:
+    """The first `top` candidates, one row each: layout, predicted step time and utilisation,
+    expected loss gap, bytes per channel per iteration (the log line's units), scheme."""
+    from megatron.cc.stats import human_bytes
+    lines = [f"{'#':>3} {'tp':>3} {'pp':>3} {'dp':>4} {'M':>4}  {'step s':>8} {'util':>5} "
+             f"{'gap %':>6}  {'pp-fwd':>10} {'pp-bwd':>10} {'dp':>10} {'emb':>10}  scheme"]
+    for i, c in enumerate(cands[:top]):
+        lay, b = c.layout, c.bytes
+        cols = [human_bytes(b[ch]["sent"]) if ch in b else "-"
+                for ch in ("pp-fwd", "pp-bwd", "dp", "emb")]
+        gap = "n/a" if c.gap_pct is None else f"{c.gap_pct:.2f}"
+        lines.append(f"{i + 1:>3} {lay.tp:>3} {lay.pp:>3} {lay.dp:>4} {lay.num_microbatches:>4}  "
+                     f"{c.time.total:8.3f} {c.time.utilisation:5.2f} {gap:>6}  "
+                     + " ".join(f"{x:>10}" for x in cols)
+                     + f"  {c.name}{' (overlap)' if c.overlap else ''}")
+    return lines
 
 
 def with_bandwidth(cands: List[Candidate], m: ModelShape, cluster: Cluster, level: str,
