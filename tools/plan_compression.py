@@ -73,6 +73,9 @@ def parse_run(flags: List[str], world_size: int):
         raise PlanError("--use-distributed-optimizer pads the gradient buckets and "
                         "reduce-scatters them; the cost model does not cover it: drop the flag "
                         "to plan the all-reduce layout")
+    if args.compression.compression == "auto":
+        raise PlanError("--compression auto chooses the codecs at start-up from measured links; "
+                        "give the flags its log printed ('compression auto: flags: ...') instead")
     return args
 
 

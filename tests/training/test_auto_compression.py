@@ -130,6 +130,13 @@ def test_bad_combinations_name_the_flag(extra, fragment):
                world_size=4)
 
 
+def test_plan_compression_bytes_asks_for_the_printed_flags(capsys):
+    from tools import plan_compression
+    assert plan_compression.main(["bytes", "--world-size", "4", "--vocab-size", "64", "--",
+                                  "--compression", "auto"]) == 2
+    assert "give the flags its log printed" in capsys.readouterr().err
+
+
 def test_auto_on_two_nodes_prints_the_plan_and_trains_with_its_flags(tiny_corpus, capsys):
     from bench.runlog import run_pretrain
     from tests.conftest import tiny_gpt_argv
