@@ -10,12 +10,13 @@
    2 (D-1) latency) and counted at the level its ranks span (intra_node / inter_node; median
    per level);
 3. the planner (megatron/cc/plan/planner.py) ranks the schemes on the launched layout (tp, pp,
-   dp and the batch sizes cannot change) within --quality-budget; rank 0's first candidate is
-   broadcast by name, so every rank applies the same one even if floating point differed;
+   dp and the batch sizes cannot change) within --quality-budget;
 4. `choose` / `apply_candidate`: the fastest candidate whose CompressionConfig overrides and
    --overlap-* flags pass the run's validation as if given by hand (a faster one the other
-   flags refuse is passed over, with the reason) replaces the run's compression, and the
-   last rank prints the plan and the flags.
+   flags refuse is passed over, with the reason; within TIE of the fastest, the smallest
+   expected loss gap wins) replaces the run's compression; rank 0's choice is broadcast by
+   name, so every rank applies the same one even if floating point differed, and the last
+   rank prints the plan and the flags.
 
 Everything but `auto_compress` is a pure function (tests/training/test_auto_compression.py).
 """
@@ -35,6 +36,7 @@ if TYPE_CHECKING:   # the probes need megatron-core's groups; parsing flags does
     from megatron.training.link_probe import Probe
 
 TOP = 10   # candidates printed
+TIE = 0.01   # predicted step times this close count as equal: the smaller loss gap wins
 PLACEHOLDER = LinkSpec(100.0, 5.0)   # a level no probed channel spans: no prediction reads it
 
 
@@ -129,16 +131,23 @@ def _validated(args, cand: Candidate):
 
 def choose(args, cands: List[Candidate]) -> Tuple[Candidate, List[str]]:
     """The fastest candidate the run's other flags accept (e.g. DiLoCo's Adam correction
-    needs --optimizer adam), and why each faster one was passed over."""
-    passed = []
+    needs --optimizer adam), or among those predicted within TIE of it the one with the
+    smallest expected loss gap (a lossier scheme must buy more than the model's precision);
+    and why each faster one was passed over."""
+    accepted, passed = [], []
     for c in cands:
         try:
             _validated(args, c)
-            return c, passed
+            accepted.append(c)
         except ConfigError as e:
-            passed.append(f"{c.name}{' (overlap)' if c.overlap else ''}: {e}")
-    raise ConfigError(f"--compression auto: the run's flags refuse every candidate, e.g. "
-                      f"{passed[0]}; use --compression manual")
+            if not accepted:
+                passed.append(f"{c.name}{' (overlap)' if c.overlap else ''}: {e}")
+    if not accepted:
+        raise ConfigError(f"--compression auto: the run's flags refuse every candidate, e.g. "
+                          f"{passed[0]}; use --compression manual")
+    fastest = accepted[0].time.total
+    close = [c for c in accepted if c.time.total <= fastest * (1 + TIE)]
+    return min(close, key=lambda c: (c.gap_pct, c.time.total)), passed
 
 
 def apply_candidate(args, cand: Candidate) -> List[str]:
