@@ -11,12 +11,18 @@ Payloads are lists of tensors whose shapes both ends compute from the activation
 transfers go through `torch.distributed.batch_isend_irecv` (megatron.cc.transport: NCCL, or
 gloo with CUDA tensors staged through pinned host memory);
 combined send+receive ops post both before waiting, as Megatron does, so 1F1B cannot deadlock.
+
+Scatter-gather (`ScatterGather`, on by default at tp > 1 as in Megatron v2.5): every
+tensor-parallel rank of a stage holds the same full (S, B, H) activation and the same input
+gradient, so each sends only its 1/tp slice to its peer and the receiving stage all-gathers the
+slices within its tensor-parallel group. The codecs and the byte counts see the slice.
 """
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 
 from megatron.cc.stats import ChannelStats, nbytes
 from megatron.cc.transport import P2PTransport
@@ -87,6 +93,51 @@ def _device():
         else torch.device("cpu")
 
 
+@dataclass
+class ScatterGather:
+    """Megatron v2.5's scatter-gather pipeline sends, sliced along the sequence (dim 0).
+
+    Tensor-parallel rank `rank` of `size` sends rows [rank S/size, (rank+1) S/size) of the
+    (S, B, H) message; the receiver all-gathers the decoded slices over `group` (the stage's
+    tensor-parallel group, passed in by the driver: the library reads no parallel_state).
+
+    Why the sequence dimension (and not the hidden one, nor Megatron's flat 1-D chunks):
+    - it *is* Megatron's split: tp equal chunks of the flattened contiguous (S, B, H) tensor
+      are exactly its S/tp row blocks, so slicing is a view and the all-gather lands in the
+      full tensor with no permute or copy;
+    - every codec still gets an ordinary (S/tp, B, H) message: channel-wise things are
+      untouched (fixpoint's per-channel scales and the TAH / backward-fixpoint tiles run along
+      H, so tile counts do not depend on tp), delta caches stay per sample (sample shape
+      (S/tp, H)), CB's low-rank factors are those of the slice's (S/tp x B, H) matrix view;
+    - it is the shard sequence parallelism keeps on each tp rank, so the two compose.
+    It needs S % tp == 0 (the driver checks). Both ends of a link see the same slice index (a
+    link joins equal tp ranks), so per-link codec state stays consistent.
+    """
+    group: Any
+    rank: int
+    size: int
+
+    def wire_shape(self, shape) -> tuple:
+        s = tuple(shape)
+        if s[0] % self.size:
+            raise ValueError(f"scatter-gather splits the sequence ({s[0]}) into {self.size} "
+                             f"tensor-parallel slices: not divisible")
+        return (s[0] // self.size,) + s[1:]
+
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0] // self.size
+        return x[self.rank * n:(self.rank + 1) * n]   # a contiguous view of a contiguous x
+
+    def gather(self, part: torch.Tensor, shape) -> torch.Tensor:
+        out = torch.empty(tuple(shape), dtype=part.dtype, device=part.device)
+        if part.is_cuda and dist.get_backend(self.group) == "gloo":
+            # gloo gathers CUDA tensors into a list only; the chunks are views of `out`
+            dist.all_gather(list(out.chunk(self.size)), part.contiguous(), group=self.group)
+        else:
+            dist.all_gather_into_tensor(out, part.contiguous(), group=self.group)
+        return out
+
+
 class PendingExchange:
     """The handles of one posted batch: wait for the send and the receive separately.
 
@@ -133,8 +184,12 @@ class PipelineChannels:
     def __init__(self, tensor_shape: Sequence[int], dtype: torch.dtype, stats: ChannelStats,
                  prev_fwd: Optional[Link] = None, prev_bwd: Optional[Link] = None,
                  next_fwd: Optional[Link] = None, next_bwd: Optional[Link] = None,
-                 transport: Optional[P2PTransport] = None):
-        self.shape = tuple(tensor_shape)
+                 transport: Optional[P2PTransport] = None,
+                 scatter_gather: Optional[ScatterGather] = None):
+        self.shape = tuple(tensor_shape)    # what the schedule sends and receives
+        self.sg = scatter_gather            # None: every rank sends the whole message
+        self.wire_shape = self.shape if scatter_gather is None else \
+            scatter_gather.wire_shape(self.shape)   # what one link carries (and its codec sees)
         self.dtype = dtype
         self.stats = stats
         self.prev_fwd, self.prev_bwd = prev_fwd, prev_bwd
@@ -158,6 +213,8 @@ class PipelineChannels:
         sends, recvs, payload, recv_spec = [], [], None, None
         if send is not None:
             link, x, msg = send
+            if self.sg is not None:
+                x = self.sg.scatter(x)   # raw and the ratios: against the scattered baseline
             payload = link.encode(x, msg)
             raw = x.numel() * x.element_size()
             if msg.train:  # per-iteration training traffic; evaluation is not counted
@@ -167,7 +224,7 @@ class PipelineChannels:
                 self.probe.error(link.codec.error(x.shape))
         if recv is not None:
             link, msg = recv
-            bufs = link.buffers(self.shape, self.dtype, msg)
+            bufs = link.buffers(self.wire_shape, self.dtype, msg)
             recvs = [(b, link.peer) for b in bufs]
             recv_spec = (link, msg, bufs)
         if self.transport is None:
@@ -178,11 +235,12 @@ class PipelineChannels:
         return PendingExchange(self, send_reqs, payload, send_link, recv_reqs, recv_spec)
 
     def _decode(self, link: Link, msg: Message, bufs) -> torch.Tensor:
-        out = link.decode(bufs, self.shape, self.dtype, msg)
-        out = out.to(self.dtype).requires_grad_(link.channel == "pp-fwd")
+        out = link.decode(bufs, self.wire_shape, self.dtype, msg).to(self.dtype)
         if self.probe is not None and link.channel == "pp-fwd" and msg.train:
-            self.probe.activation(out)
-        return out
+            self.probe.activation(out)   # the slice: the rows this rank's CB error belongs to
+        if self.sg is not None:
+            out = self.sg.gather(out, self.shape)
+        return out.requires_grad_(link.channel == "pp-fwd")
 
     def recv_forward(self, msg: Message) -> Optional[torch.Tensor]:
         return None if self.prev_fwd is None else self._exchange(None, (self.prev_fwd, msg))

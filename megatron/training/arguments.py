@@ -35,6 +35,11 @@ class ParallelArgs:
         False, "Pipeline sends are posted and waited for only at the end of the step, and "
                "(gloo) each receive is posted one micro-batch before it is needed, so transfers "
                "run during compute. Same messages, codecs and losses as without.")
+    scatter_gather_tensors_in_pipeline: bool = flag(
+        True, "At tp > 1 each tensor-parallel rank sends only its 1/tp slice (along the "
+              "sequence) of every pipeline message and the receiving stage all-gathers the "
+              "slices (Megatron v2.5's default); codecs compress the slice. "
+              "--no-scatter-gather-tensors-in-pipeline sends the whole message from every rank.")
     overlap_grad_reduce: bool = flag(
         False, "Data-parallel gradients (exact and --grad-comp PowerSGD) are synchronised "
                "bucket by bucket as soon as the last micro-batch's backward has produced them, "
@@ -380,6 +385,11 @@ class Args:
     def num_microbatches(self) -> int:
         return self.training.num_microbatches(self.dp)
 
+    @property
+    def scatter_gather(self) -> bool:
+        """Pipeline messages go scattered over the tp ranks (megatron.cc.p2p.ScatterGather)."""
+        return self.parallel.scatter_gather_tensors_in_pipeline and self.tp > 1 and self.pp > 1
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -411,6 +421,11 @@ def validate_args(args: Args) -> None:
     args.parallel.validate(args.world_size)
     validate_seed_flags(args)
     args.model.validate(args.tp, args.pp)
+    if args.scatter_gather and args.model.seq_length % args.tp:
+        raise ConfigError(f"scatter-gather pipeline sends split the sequence into "
+                          f"--tensor-model-parallel-size slices: --seq-length "
+                          f"{args.model.seq_length} is not divisible by {args.tp}; change it or "
+                          f"add --no-scatter-gather-tensors-in-pipeline")
     args.training.validate(args.dp)
     args.data.validate()
     args.compression.validate(pp=args.pp, dp=args.dp, tp=args.tp)

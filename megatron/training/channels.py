@@ -15,7 +15,7 @@ from megatron.cc.grad_sync.hetero import HeteroDelay
 from megatron.cc.grad_sync.randomized_svd import RandomizedSVDDataParallelSync
 from megatron.cc.compress import get_codec
 from megatron.cc.diagnostics import OrthogonalityProbe
-from megatron.cc.p2p import Link, PipelineChannels
+from megatron.cc.p2p import Link, PipelineChannels, ScatterGather
 from megatron.cc.policy import BackwardCompressionPolicy
 from megatron.cc.speed import CompSpeed, TimedCodec
 from megatron.training.dp_modes import build_dp_mode_sync
@@ -28,6 +28,18 @@ from megatron.training.transports import data_parallel_group, pipeline_transport
 def activation_shape(args):
     """(S, B, H): what crosses a stage boundary in Megatron's seq-first layout."""
     return (args.model.seq_length, args.training.micro_batch_size, args.model.hidden_size)
+
+
+def scatter_gather(args):
+    """This rank's slice of every pipeline message at tp > 1 (None: whole messages).
+
+    The library takes the tensor-parallel group, rank and size from here; see
+    megatron.cc.p2p.ScatterGather for why the slices are along the sequence."""
+    if not args.scatter_gather:
+        return None
+    return ScatterGather(ps.get_tensor_model_parallel_group(),
+                         ps.get_tensor_model_parallel_rank(),
+                         ps.get_tensor_model_parallel_world_size())
 
 
 # --inter-grad-comp-type -> the registered codec that implements it (same keyword arguments)
@@ -97,7 +109,8 @@ def build_pipeline_channels(args, config, stats, epoch_samples=None,
         if speed is not None and link.codec is not None:
             link.codec = TimedCodec(link.codec, speed, link.channel)
     channels = PipelineChannels(activation_shape(args), config.pipeline_dtype, stats,
-                                transport=pipeline_transport(args), **links)
+                                transport=pipeline_transport(args),
+                                scatter_gather=scatter_gather(args), **links)
     if c.check_orth_error_acti and last and not first:
         channels.probe = OrthogonalityProbe(stats)
     return channels

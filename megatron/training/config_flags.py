@@ -35,7 +35,9 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str) -> Non
         kwargs = dict(dest=f.name, default=default, help=f.metadata["help"])
         hint = hints[f.name]
         base = _base_type(hint)
-        if base is bool:
+        if base is bool and default:   # on by default: --foo keeps it, --no-foo turns it off
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif base is bool:
             kwargs["action"] = "store_true"
         elif typing.get_origin(base) is list:
             item = typing.get_args(base)[0]

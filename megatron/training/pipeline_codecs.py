@@ -51,6 +51,12 @@ def cache_capacity(args, epoch_samples: Optional[int]) -> int:
     return n
 
 
+def slice_seq_length(args) -> int:
+    """Sequence rows of one link's message: S, or S / tp with scatter-gather (the activation
+    caches hold this rank's slice of each sample)."""
+    return args.model.seq_length // (args.tp if args.scatter_gather else 1)
+
+
 def forward_codec(args, capacity: int, seed: int, ram_limit: Optional[int]):
     """The activation codec of one fwd link end, or None."""
     c = args.compression
@@ -65,7 +71,7 @@ def forward_codec(args, capacity: int, seed: int, ram_limit: Optional[int]):
                          low_bits=c.low_precision_bits,
                          high_ratio=c.high_precision_allocation_ratio)
     kw = dict(bits=c.forward_bits, capacity=capacity,
-              sample_shape=(args.model.seq_length, args.model.hidden_size),
+              sample_shape=(slice_seq_length(args), args.model.hidden_size),
               storage=c.activation_cache_location, ram_limit_bytes=ram_limit,
               stochastic=c.stochastic_rounding, seed=seed, device=_device(),
               scheme=c.quant_scheme)

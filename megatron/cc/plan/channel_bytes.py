@@ -41,16 +41,25 @@ def pp_warmup_iters(c, iters_per_epoch: Optional[int] = None) -> int:
 
 
 def activation_message(m: ModelShape, layout: Layout):
-    """((S, B, H), dtype, raw bytes) of one pipeline message (Megatron's seq-first layout)."""
+    """((S, B, H), dtype, raw bytes) of one pipeline message (Megatron's seq-first layout), as
+    one tp rank sends it: with scatter-gather at tp > 1 its (S/tp, B, H) slice
+    (megatron.cc.p2p.ScatterGather), so tp ranks x the slice = one whole message per replica."""
     import torch
-    shape = (m.seq_length, layout.micro_batch_size, m.hidden_size)
-    nbytes = m.seq_length * layout.micro_batch_size * m.hidden_size * \
+    seq = m.seq_length
+    if layout.scatter_gather and layout.tp > 1 and layout.pp > 1:
+        if seq % layout.tp:
+            raise ValueError(f"scatter-gather needs the sequence ({seq}) divisible by tp "
+                             f"({layout.tp}); set Layout.scatter_gather=False")
+        seq //= layout.tp
+    shape = (seq, layout.micro_batch_size, m.hidden_size)
+    nbytes = seq * layout.micro_batch_size * m.hidden_size * \
         torch.empty((), dtype=layout.dtype).element_size()
     return shape, layout.dtype, nbytes
 
 
 def pp_fwd_bytes(m, layout, c, iteration, warm: int) -> Dict[str, float]:
-    """Stages 0..pp-2 send every micro-batch's activation forward, on every tp rank/replica."""
+    """Stages 0..pp-2 send every micro-batch's activation forward, on every tp rank/replica
+    (with scatter-gather each tp rank its 1/tp slice: activation_message)."""
     shape, dtype, raw = activation_message(m, layout)
     codec = forward_codec(c)
     one = codec.payload_nbytes(shape, dtype) if codec is not None and iteration >= warm else raw

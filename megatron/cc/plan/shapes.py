@@ -89,6 +89,9 @@ class Layout:
     """Pipeline and parameter dtype (--bf16 / --fp16); gradients reduce in fp32 regardless."""
     train_iters: int = 1000
     virtual_stages: int = 1
+    scatter_gather: bool = True
+    """At tp > 1 each tp rank sends 1/tp of every pipeline message (the driver's default;
+    False: --no-scatter-gather-tensors-in-pipeline)."""
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp", "micro_batch_size", "num_microbatches", "train_iters"):

@@ -100,7 +100,18 @@ def test_warmups_and_epilogue_only_decide_per_message():
 
 
 def test_tp_and_dp_multiply_the_messages():
+    """Without scatter-gather every tp rank sends the whole message (tp x dp = 6 copies);
+    with it (the default) each tp rank sends its (S/tp, B, H) slice: raw is one message per
+    replica, and the payload is the codec's on the slice (fixpoint: H scales per slice)."""
+    from megatron.training.pipeline_codecs import forward_codec
     args, shape, _ = _setup(FWD["fixpoint-4"])
-    one = channel_bytes(shape, Layout(1, 2, 1, B, 4), args.compression)["pp-fwd"]
-    many = channel_bytes(shape, Layout(2, 2, 3, B, 4), args.compression)["pp-fwd"]
+    c = args.compression
+    one = channel_bytes(shape, Layout(1, 2, 1, B, 4), c)["pp-fwd"]
+    many = channel_bytes(shape, Layout(2, 2, 3, B, 4, scatter_gather=False), c)["pp-fwd"]
     assert many == {k: 6 * v for k, v in one.items()}
+    sg = channel_bytes(shape, Layout(2, 2, 3, B, 4), c)["pp-fwd"]
+    codec = forward_codec(args, capacity=B, seed=1, ram_limit=None)
+    assert sg["messages"] == 6 * one["messages"] and sg["raw"] == 3 * one["raw"]
+    assert sg["sent"] == sg["messages"] * codec.payload_nbytes((S // 2, B, H), torch.float32)
+    bwd = channel_bytes(shape, Layout(2, 2, 3, B, 4), c)["pp-bwd"]
+    assert bwd["raw"] == bwd["messages"] * (S // 2) * B * H * 4
