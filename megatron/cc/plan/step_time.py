@@ -99,7 +99,11 @@ def _pp_level(cluster, layout):
 
 
 def pp_message_seconds(m, layout, c, cluster, totals) -> float:
-    """c = c_fwd + c_bwd for one micro-batch (mean message of the steady state)."""
+    """c = c_fwd + c_bwd for one micro-batch (mean message of the steady state).
+
+    With scatter-gather (Layout.scatter_gather, tp > 1) a message is one tp rank's slice, sent
+    in parallel with its peers' on their own links; the receiving stage's intra-node all-gather
+    of the slices is not modelled (small next to a slow pipeline link)."""
     level, flows = _pp_level(cluster, layout)
     _, _, raw = activation_message(m, layout)
     out = 0.0
