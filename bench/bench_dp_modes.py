@@ -169,6 +169,11 @@ RUNS = {
     "diloco-H20-cocktail-r0.25-2b-dpadam": diloco_cocktail(20, 0.25) + DPADAM,   # x1204
     "diloco-H40-cocktail-r0.5-2b-dpadam": diloco_cocktail(40, 0.5) + DPADAM,     # x1205
     "diloco-H50-cocktail-r0.5-2b-dpadam": diloco_cocktail(50, 0.5) + DPADAM,     # x1506
+    # the other way to >= 1000x in a 300-iteration run: fewer syncs at (near-)lossless int8 /
+    # fixpoint-4 (H = 300: the replicas' int8 average once, at the end; x1182 / x1164)
+    "diloco-H300-int8-avg-dpadam": diloco(300, "int8") + ["--diloco-outer-lr", "1",
+                                                          "--diloco-outer-momentum", "0"] + DPADAM,
+    "diloco-H150-fixpoint-4-dpadam": diloco(150, "fixpoint-4") + DPADAM,
 }
 
 
