@@ -110,6 +110,13 @@ class ScatterGather:
       H, so tile counts do not depend on tp), delta caches stay per sample (sample shape
       (S/tp, H)), CB's low-rank factors are those of the slice's (S/tp x B, H) matrix view;
     - it is the shard sequence parallelism keeps on each tp rank, so the two compose.
+    Hidden-dim slices (S, B, H/tp) would need a strided copy to send and a permute after the
+    gather, and would make TAH's tiles (t channels each) depend on tp; their one gain, one
+    per-channel fixpoint scale per channel instead of one per slice and channel (H of them
+    per slice: +3% at S B = 128, 4 bits; ~0.1% at S = 2048), is small. CB on the slice rather
+    than on the gathered gradient: factoring the whole gradient would need collectives inside
+    PowerSGD's step; the slices' factors send r (S B + tp H) values per message over the tp
+    ranks, fewer than tp r (S B + H) without scatter-gather (README has the measurement).
     It needs S % tp == 0 (the driver checks). Both ends of a link see the same slice index (a
     link joins equal tp ranks), so per-link codec state stays consistent.
     """
