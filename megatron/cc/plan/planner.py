@@ -89,7 +89,10 @@ class Candidate:
         return ["--tensor-model-parallel-size", str(lay.tp),
                 "--pipeline-model-parallel-size", str(lay.pp),
                 "--micro-batch-size", str(lay.micro_batch_size),
-                "--global-batch-size", str(lay.global_batch_size)] + self.compression_flags()
+                "--global-batch-size", str(lay.global_batch_size)] + \
+            (["--no-scatter-gather-tensors-in-pipeline"]
+             if lay.tp > 1 and lay.pp > 1 and not lay.scatter_gather else []) + \
+            self.compression_flags()
 
     def compression_flags(self) -> List[str]:
         """The scheme's flags and the --overlap-* flags, without the layout's."""
@@ -127,8 +130,9 @@ def layouts(m: ModelShape, cluster: Cluster, global_batch_size: int, micro_batch
             dp = world // (tp * pp)
             if global_batch_size % (micro_batch_size * dp):
                 continue
+            # scatter-gather pipeline sends (the driver's default) cut the sequence in tp
             lay = Layout(tp, pp, dp, micro_batch_size, global_batch_size // (micro_batch_size * dp),
-                         dtype, train_iters)
+                         dtype, train_iters, scatter_gather=m.seq_length % tp == 0)
             if _fits(m, lay, cluster):
                 out.append(lay)
     return out
