@@ -281,7 +281,10 @@ class ActivationCache:
         """settle=False: this cache was built just now (no copies in flight to wait for)."""
         if tuple(sd["sample_shape"]) != self.sample_shape:
             raise ValueError(f"cache state is for samples {tuple(sd['sample_shape'])}, "
-                             f"this cache holds {self.sample_shape}")
+                             f"this cache holds {self.sample_shape}; at tp > 1 a pipeline "
+                             f"message is a 1/tp sequence slice unless "
+                             f"--no-scatter-gather-tensors-in-pipeline: resume with the setting "
+                             f"the checkpoint was written with")
         check_format(sd, self._format)
         entries = sd["entries"]
         if entries.shape[0] > self.capacity or sd["data"].shape[1] != self.slot_bytes:
