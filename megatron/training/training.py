@@ -275,7 +275,8 @@ class Trainer:
                 "skipped": 0 if ok else 1}
 
     def _reduce_loss(self, losses: List[torch.Tensor], force_dp: bool = False) -> float:
-        """Mean over micro-batches and replicas, known on the last stage (nan elsewhere)."""
+        """Mean over micro-batches and replicas, known on the last stage (nan elsewhere).
+        Its `.item()` is the step's one host sync (the loss goes on every log line)."""
         if not ps.is_pipeline_last_stage():
             return float("nan")
         value = torch.stack(losses).mean().reshape(1)
