@@ -174,6 +174,10 @@ RUNS = {
     "diloco-H300-int8-avg-dpadam": diloco(300, "int8") + ["--diloco-outer-lr", "1",
                                                           "--diloco-outer-momentum", "0"] + DPADAM,
     "diloco-H150-fixpoint-4-dpadam": diloco(150, "fixpoint-4") + DPADAM,
+    # the same single average, extrapolated half a step further along the mean pseudo-gradient
+    "diloco-H300-int8-x1.5-dpadam": diloco(300, "int8") + ["--diloco-outer-lr", "1.5",
+                                                           "--diloco-outer-momentum", "0"]
+    + DPADAM,
 }
 
 
