@@ -26,7 +26,8 @@ class CompressionConfig:
               "RandomizedSVD projections. Default: --seed (Optimus-CC: 714, independent of "
               "--seed). Saved in checkpoints; a resume must keep it.")
 
-    # ---- --compression auto: the planner chooses the codecs (megatron/training/auto_compression.py)
+    # ---- --compression auto: the planner chooses the codecs
+    #      (megatron/training/auto_compression.py)
     compression: str = flag(
         "manual", "manual: the compression flags given (today's behaviour). auto: at start-up "
                   "probe every channel's link (bandwidth, latency) and the compute rate, run the "
@@ -570,7 +571,7 @@ class CompressionConfig:
             raise ConfigError(f"--quality-budget is a loss gap in percent, >= 0; got "
                               f"{self.quality_budget}")
         if self.compression == "manual":
-            if self.quality_budget != 2.0:
+            if self.quality_budget != type(self).quality_budget:   # the field's default
                 raise ConfigError("--quality-budget is the budget of --compression auto; add "
                                   "--compression auto or drop it")
             return

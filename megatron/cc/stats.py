@@ -93,6 +93,12 @@ class ChannelStats:
         return total
 
     @staticmethod
+    def wait_ms(v: Dict[str, float], iterations: int) -> float:
+        """A merged `<channel> wait` entry as ms per iteration, the mean over the ranks that
+        waited."""
+        return 1000.0 * v["seconds"] / v["ranks"] / max(iterations, 1)
+
+    @staticmethod
     def format(totals: Dict[str, Dict[str, int]], iterations: int) -> str:
         """' pp-fwd: 1.2 MB (x7.9) | dp: ...' per iteration."""
         parts = []
@@ -108,9 +114,8 @@ class ChannelStats:
                 parts.append(f"{name}: {v['sum'] / v['count']:.4g}")
         for c in CHANNELS:
             v = totals.get(f"{c} wait")
-            if v:  # the mean over the ranks that waited, per iteration
-                ms = 1000.0 * v["seconds"] / v["ranks"] / max(iterations, 1)
-                parts.append(f"{c} wait ms: {ms:.1f}")
+            if v:
+                parts.append(f"{c} wait ms: {ChannelStats.wait_ms(v, iterations):.1f}")
         for c in CHANNELS:   # jobs that span nodes: the share that left the node
             v = totals.get(f"{c} inter-node")
             if v:
@@ -118,8 +123,7 @@ class ChannelStats:
                              f"{human_bytes(v['bytes'] / max(iterations, 1))}")
             v = totals.get(f"{c} inter-node wait")
             if v:
-                ms = 1000.0 * v["seconds"] / v["ranks"] / max(iterations, 1)
-                parts.append(f"{c} inter-node wait ms: {ms:.1f}")
+                parts.append(f"{c} inter-node wait ms: {ChannelStats.wait_ms(v, iterations):.1f}")
         return " | ".join(parts)
 
 

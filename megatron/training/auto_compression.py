@@ -31,6 +31,7 @@ from megatron.cc.plan.planner import Candidate, plan, plan_table
 from megatron.cc.plan.shapes import Layout, ModelShape
 from megatron.training.auto_flags import OVERLAP_FLAGS
 from megatron.training.config_flags import ConfigError
+from megatron.training.nodes import spans_nodes
 
 if TYPE_CHECKING:   # the probes need megatron-core's groups; parsing flags does not
     from megatron.training.link_probe import Probe
@@ -80,7 +81,7 @@ def node_blocks(nodes: Sequence[str]) -> Tuple[int, int]:
 
 
 def probe_level(p: "Probe", nodes: Sequence[str]) -> str:
-    return "inter_node" if len({nodes[r] for r in p.ranks}) > 1 else "intra_node"
+    return "inter_node" if spans_nodes(nodes, p.ranks) else "intra_node"
 
 
 def build_cluster(nodes: Sequence[str], probes: Sequence["Probe"], tflops: float,
@@ -125,7 +126,8 @@ def _validated(args, cand: Candidate):
     flags = cand.compression_flags()
     parallel = dataclasses.replace(args.parallel, **{OVERLAP_FLAGS[f]: True for f in flags
                                                      if f in OVERLAP_FLAGS})
-    by_hand = dataclasses.replace(compression, compression="manual", quality_budget=2.0)
+    by_hand = dataclasses.replace(compression, compression="manual",
+                                  quality_budget=type(compression).quality_budget)  # its default
     validate_args(dataclasses.replace(args, compression=by_hand, parallel=parallel))
     return compression, parallel, flags
 
@@ -136,7 +138,9 @@ def choose(args, cands: List[Candidate]) -> Tuple[Candidate, List[str]]:
     smallest expected loss gap (a lossier scheme must buy more than the model's precision);
     and why each faster one was passed over."""
     accepted, passed = [], []
-    for c in cands:
+    for c in cands:   # fastest first: past the tie window of the first accepted, none counts
+        if accepted and c.time.total > accepted[0].time.total * (1 + TIE):
+            break
         try:
             _validated(args, c)
             accepted.append(c)

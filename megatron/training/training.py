@@ -353,8 +353,8 @@ class Trainer:
                     self.writer.add_scalar(f"bytes/{c}", v.get("sent", v.get("bytes"))
                                            / max(iters, 1), self.iteration)
                 elif "seconds" in v:   # "<channel> wait": ms per iteration, mean over ranks
-                    self.writer.add_scalar(f"wait-ms/{c[:-5]}", 1000 * v["seconds"] / v["ranks"]
-                                           / max(iters, 1), self.iteration)
+                    self.writer.add_scalar(f"wait-ms/{c[:-5]}", ChannelStats.wait_ms(v, iters),
+                                           self.iteration)
 
     @torch.no_grad()
     def evaluate(self) -> Optional[float]:
