@@ -3,7 +3,8 @@
 On CUDA, `torch.cuda.set_sync_debug_mode("error")` makes every synchronising call raise.
 On the CPU nothing ever waits, so the same mistakes are caught by what they are made of:
 a TorchDispatchMode rejects the ops that need a value or a size from the device (item(),
-bool()/int()/float() of a tensor, boolean-mask indexing, nonzero, masked_select, unique), and
+bool()/int()/float() of a tensor, boolean-mask indexing, nonzero, masked_select, unique,
+index assignment of a scalar, which CUDA copies up from pageable memory), and
 `tolist()` of a non-integer tensor is rejected too (it bypasses the dispatcher). Integer
 `tolist()` stays allowed: sample ids and cache slots are host metadata, never on the device.
 """
@@ -40,6 +41,11 @@ class _Guard(TorchDispatchMode):
         if func in (aten.index.Tensor, aten.index_put_.default, aten.index_put.default) \
                 and _bool_index(args[1:2]):
             raise HostSync(f"{func} with a boolean mask needs the mask's count (a host sync)")
+        if func in (aten.index_put_.default, aten.index_put.default) and args[2].dim() == 0:
+            # `x[idx] = 1`: on CUDA the scalar is copied up from pageable host memory, which
+            # sync debug mode reports (seen on an H200); index_fill_ passes it as an argument
+            raise HostSync(f"{func} with a scalar value copies it from the host (a sync on "
+                           f"CUDA): use index_fill_")
         return func(*args, **kwargs)
 
 

@@ -69,7 +69,12 @@ def build_gpt_model(args, config: TransformerConfig, padded_vocab_size: int,
         architecture.add_output_layer_bias(model)
     init_weights_by_seed(model, args.training.seed, args.model.init_method_std,
                          args.model.num_layers)
-    return model.to(rank_device())  # built and initialised on the CPU, trained on the rank's GPU
+    # Every parameter in the training dtype, as Megatron's Float16Module casts the module:
+    # megatron-core builds torch LayerNorm and the position embedding in fp32, and on CUDA
+    # bf16 word + fp32 position embeddings give fp32 activations that a bf16 linear refuses.
+    # The optimizer keeps fp32 main weights of all of them.
+    # Built and initialised on the CPU, trained on the rank's GPU.
+    return model.to(device=rank_device(), dtype=config.params_dtype)
 
 
 def _impl(args) -> str:

@@ -52,6 +52,18 @@ def build_trainer(gpu, argv):
     return trainer
 
 
+PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def assert_one_dtype(trainer, dtype):
+    """Every parameter in the training dtype, as Megatron's Float16Module makes it: a real GPU
+    refuses an fp32 activation (fp32 position embedding + bf16 word embedding, fp32 LayerNorm)
+    in a bf16 linear, which fake kernels do not check (first seen on an H200)."""
+    from megatron.training.model import unwrap
+    other = {n: p.dtype for n, p in unwrap(trainer.model).named_parameters() if p.dtype != dtype}
+    assert not other, f"parameters not in {dtype}: {other}"
+
+
 def unexpected_reads(gpu, since=0):
     return [str(e) for e in gpu.events[since:] if e.kind in ("read", "d2h", "sync")
             and not any(a in e.where for a in ALLOWED_READS)]
@@ -95,6 +107,7 @@ def _step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, back
     argv = _argv(tiny_corpus, family, dtype, **{"distributed-backend": backend})
     trainer = build_trainer(gpu, argv)
     assert_on_gpu(trainer, gpu, stepped=False)
+    assert_one_dtype(trainer, PARAM_DTYPES[dtype])
     start = len(gpu.events)
     metrics = trainer.train_step()
     assert trainer.iteration == 1 and isinstance(metrics["lm loss"], float)

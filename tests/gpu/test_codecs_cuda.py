@@ -16,7 +16,8 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 
 def _step_bound(name, kwargs, x):
-    """Largest quantisation step a payload of x can have (None: no fixed grid)."""
+    """Largest quantisation step a payload of x can have (None: no fixed grid): how far two
+    decodes of one payload may differ."""
     if name != "fixpoint" and name not in ("delta", "delta-lowbits"):
         return None
     bits = kwargs.get("bits", 8)
@@ -31,6 +32,7 @@ def test_codec_on_cuda_matches_cpu(case, dtype):
     dev = torch.device("cuda", torch.cuda.current_device())
     enc, dec = build(name, kwargs, dev), build(name, kwargs, dev)
     cpu_dec = build(name, kwargs)
+    ref_enc, ref_dec = build(name, kwargs), build(name, kwargs)   # the eager codec on the CPU
     g = torch.Generator().manual_seed(0)
     for mb in range(3):
         x_cpu = torch.randn(SHAPE, generator=g).to(dtype)
@@ -48,7 +50,12 @@ def test_codec_on_cuda_matches_cpu(case, dtype):
         step = _step_bound(name, kwargs, x_cpu)
         if step is not None:
             assert (y.cpu().float() - y_cpu.float()).abs().max() <= step
-            assert (y.float() - x.float()).abs().max() <= step
+            # the error against x is the eager CPU codec's: "fitted" scales clip, so no grid
+            # step bounds it (they differ only where near-tied candidates sum differently)
+            y_ref = ref_dec.decode(ref_enc.encode(x_cpu, ctx), x.shape, dtype, ctx).float()
+            err, ref = (y.cpu().float() - x_cpu.float()), (y_ref - x_cpu.float())
+            assert err.square().mean() <= 1.05 * ref.square().mean() + 1e-12
+            assert err.abs().max() <= ref.abs().max() + step
         else:
             scale = x_cpu.float().abs().max()
             assert (y.cpu().float() - y_cpu.float()).abs().max() <= 1e-2 * scale

@@ -155,6 +155,13 @@ def _from_groups(tg: torch.Tensor, granularity: str, shape) -> torch.Tensor:
     return tg.reshape(shape)
 
 
+def div_rn(t: torch.Tensor, d) -> torch.Tensor:
+    """t / d correctly rounded on every device. CUDA computes tensor / Python number as
+    t * (1 / d), one ulp off now and then (seen on an H200: a code one level off at a tie);
+    the CPU and the kernels' div_rn divide. A tensor divisor keeps the division."""
+    return t / (d if torch.is_tensor(d) else torch.full_like(t, d))
+
+
 def store_scale(s: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
     """Round non-negative fp32 scales UP to `scale_dtype` (saturating at its max), so the
     stored scale never under-covers the data it was taken from."""
@@ -207,7 +214,7 @@ def group_grid(scales: torch.Tensor, bits: int, scheme: str = "fitted"):
 
 def quant_step(scales: torch.Tensor, bits: int, scheme: str = "fitted") -> torch.Tensor:
     """Quantisation step (fp32) for each stored scale."""
-    return scales.float().abs() / group_grid(scales, bits, scheme)[1]
+    return div_rn(scales.float().abs(), group_grid(scales, bits, scheme)[1])
 
 
 def quantize(x: torch.Tensor, bits: int, granularity: str = "channel", group_size: int = 128,
@@ -240,9 +247,10 @@ def group_scales(x: torch.Tensor, bits: int, granularity: str, group_size: int =
         valid = _to_groups(torch.ones_like(x, dtype=torch.float32), granularity, group_size)[0]
         count = valid.sum(dim=red).clamp_min_(1)
     if scheme == "seed":  # 1 bit: sign x RMS
-        return store_scale((xg.square().sum(dim=red) / count).sqrt().reshape(-1), scale_dtype)
+        return store_scale(div_rn(xg.square().sum(dim=red), count).sqrt().reshape(-1),
+                           scale_dtype)
     if bits == 1:         # sign x mean|x|: the least-squares optimum of a sign quantiser
-        return store_scale((xg.abs().sum(dim=red) / count).reshape(-1), scale_dtype)
+        return store_scale(div_rn(xg.abs().sum(dim=red), count).reshape(-1), scale_dtype)
     return _fit_scales(xg, red, bits, scale_dtype, valid)
 
 
@@ -258,7 +266,7 @@ def _fit_scales(xg: torch.Tensor, red: int, bits: int, scale_dtype,
         c0, lps = _grid_params(bits, midtread)
 
         def err_and_codes(s_stored):
-            step = s_stored.float() / lps
+            step = div_rn(s_stored.float(), lps)
             step = torch.where(step > 0, step, torch.ones_like(step))
             k = (xg / step + c0).round_().clamp_(0, qmax).sub_(c0)   # signed level index
             if valid is not None:

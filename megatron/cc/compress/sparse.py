@@ -102,8 +102,8 @@ class CocktailCodec(StepCodec):
             return [torch.empty(0, dtype=torch.uint8, device=flat.device), packed, scales]
         mag = torch.where(valid, vals.abs(), -1.0)  # pads lose against every real entry
         keep = mag.topk(k, sorted=False).indices.sort().values
-        mask = torch.zeros(n_rand, dtype=torch.uint8, device=flat.device)
-        mask[keep] = 1
+        # index_fill_: `mask[keep] = 1` would copy a host scalar up (a sync on CUDA)
+        mask = torch.zeros(n_rand, dtype=torch.uint8, device=flat.device).index_fill_(0, keep, 1)
         packed, scales = self._values(vals[keep], gen)
         return [fused.pack_bits(mask, 1), packed, scales]
 

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 
 from .base import Codec, register
-from .quant import pack_bits, packed_nbytes, store_scale, unpack_bits
+from .quant import div_rn, pack_bits, packed_nbytes, store_scale, unpack_bits
 
 
 def fwht(x: torch.Tensor) -> torch.Tensor:
@@ -76,8 +76,10 @@ def _allocate(a: torch.Tensor, high_ratio: float) -> tuple[torch.Tensor, torch.T
     entropy = torch.where(s > 0, s.log() - a_log_a / s, torch.zeros_like(s))
     k = int(math.floor(high_ratio * a.shape[0] + 0.5))
     order = torch.sort(entropy, descending=True, stable=True).indices
-    high = torch.zeros(a.shape[0], dtype=torch.bool, device=a.device)
-    high[order[:k]] = True
+    # index_fill_ takes the value as a kernel argument; `high[idx] = True` copies a host
+    # scalar to the GPU first (a host sync on CUDA, seen on an H200)
+    high = torch.zeros(a.shape[0], dtype=torch.bool, device=a.device).index_fill_(
+        0, order[:k], True)
     return high, _split_order(high)
 
 
@@ -159,7 +161,7 @@ class TahCodec(Codec):
         a = tiles.abs() if a is None else a
         first = a.amax(dim=-1)
         # max >= factor * second max  <=>  only the max itself exceeds max / factor (factor > 1)
-        above = (a > (first / self.outlier_factor)[..., None]).sum(dim=-1)
+        above = (a > div_rn(first, self.outlier_factor)[..., None]).sum(dim=-1)
         flags = (above == 1) & (first > 0)
         pivots = torch.where(flags, a.argmax(dim=-1), 0)
         return flags, pivots

@@ -101,7 +101,7 @@ def fit_scales(x, bits, granularity, group_size, scale_dtype) -> torch.Tensor:
     for (c0, lps), ratios in ((quant.grid(bits, "absmax"), rise),
                               (quant.grid(bits, "seed"), tread)):
         def levels(s):
-            step = s.float() / lps
+            step = quant.div_rn(s.float(), lps)
             step = torch.where(step > 0, step, torch.ones_like(step))[:, None]
             return (xg / step + c0).round_().clamp_(0, qmax).sub_(c0), step
 
