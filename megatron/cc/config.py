@@ -195,6 +195,29 @@ class CompressionConfig:
                "members; the shares sum to the whole residual) and adds it to its next "
                "gradient.")
 
+    # ---- tp channel: Optimus-CC's tensor-parallel compression (megatron/cc/tp_reduce.py)
+    mp_acti_comp: bool = flag(
+        False, "PowerSGD (error feedback, warm-started Q) on the forward all-reduce of the "
+               "row-parallel layers (attention and MLP output projections); lossy. Needs "
+               "--tensor-model-parallel-size > 1.")
+    mp_acti_comp_rank: int = flag(8, "Rank r of --mp-acti-comp's P (tokens x r) and Q "
+                                     "(hidden x r).")
+    mp_acti_comp_warm_up: float = flag(
+        0.0, "Fraction of --train-iters (from the start) whose forward tp sums are exact; "
+             "in [0, 1).")
+    mp_acti_comp_type: str = flag("PowerSGD", "Reducer of --mp-acti-comp.",
+                                  choices=["PowerSGD"])
+    mp_grad_comp: bool = flag(
+        False, "PowerSGD (error feedback, warm-started Q) on the backward all-reduce of the "
+               "column-parallel layers' input gradients (QKV, MLP input, output layer); lossy. "
+               "Needs --tensor-model-parallel-size > 1.")
+    mp_grad_comp_rank: int = flag(8, "Rank r of --mp-grad-comp's factors.")
+    mp_grad_comp_warm_up: float = flag(
+        0.0, "Fraction of --train-iters (from the start) whose backward tp sums are exact; "
+             "in [0, 1).")
+    mp_grad_comp_type: str = flag("PowerSGD", "Reducer of --mp-grad-comp.",
+                                  choices=["PowerSGD"])
+
     # ---- dp channel: parameter-syncing modes (CocktailSGD, SD-PIPE preduce, AD-PSGD, DiLoCo)
     dp_mode: str = flag(
         "allreduce", "How data-parallel replicas of a stage synchronise. allreduce: gradients "
@@ -558,6 +581,25 @@ class CompressionConfig:
         self.validate_grad_comp(pp)
         self.validate_dp_mode(dp)
         self.validate_seed_options(pp)
+        self.validate_tp_comp(tp)
+
+    def validate_tp_comp(self, tp: int) -> None:
+        for what in ("acti", "grad"):
+            on = getattr(self, f"mp_{what}_comp")
+            if on and tp == 1:
+                raise ConfigError(f"--mp-{what}-comp compresses the tensor-parallel "
+                                  f"all-reduces; with --tensor-model-parallel-size 1 there are "
+                                  f"none (raise it, or drop --mp-{what}-comp)")
+            for name in (f"mp_{what}_comp_rank", f"mp_{what}_comp_warm_up"):
+                default = type(self).__dataclass_fields__[name].default
+                if getattr(self, name) != default and not on:
+                    raise ConfigError(f"--{name.replace('_', '-')} configures --mp-{what}-comp; "
+                                      f"add --mp-{what}-comp (or drop it)")
+            if getattr(self, f"mp_{what}_comp_rank") < 1:
+                raise ConfigError(f"--mp-{what}-comp-rank must be >= 1")
+            if not 0.0 <= getattr(self, f"mp_{what}_comp_warm_up") < 1.0:
+                raise ConfigError(f"--mp-{what}-comp-warm-up is a fraction of --train-iters in "
+                                  f"[0, 1)")
 
     # fields --compression auto leaves to the user: logging, seeds, transports, emulation
     AUTO_KEEPS = ("compression", "quality_budget", "check_comp_ratio", "check_comp_speed",

@@ -14,7 +14,7 @@ from typing import Dict, Iterable, Optional
 
 import torch
 
-CHANNELS = ("pp-fwd", "pp-bwd", "dp", "emb")
+CHANNELS = ("pp-fwd", "pp-bwd", "dp", "emb", "tp")
 
 
 def nbytes(tensors: Iterable[torch.Tensor]) -> int:

@@ -34,6 +34,7 @@ from megatron.training.config_flags import ConfigError
 from megatron.training.device import rank_device, to_device
 from megatron.training.mixed_precision import loss_scale_field, loss_scaler, loss_scaling
 from megatron.training.model import build_gpt_model, transformer_config, unwrap
+from megatron.training.tp_channel import build_tp_channel, count_cross_entropy
 from megatron.training.signals import ExitSignal
 from megatron.training.tokenizer import build_tokenizer
 
@@ -117,6 +118,8 @@ class Trainer:
         self.channels = build_pipeline_channels(args, self.config, self.stats,
                                                 epoch_samples=self.epoch_samples, nodes=nodes)
         self.grad_sync = build_grad_sync(args, self.model, self.stats, nodes)
+        self.tp_channel = build_tp_channel(args, unwrap(self.model),
+                                           ps.get_tensor_model_parallel_group(), self.stats)
         self.iteration, self.consumed_samples = 0, 0
         self.writer = self._tensorboard()
         self.run_log = RunLog(args.logging, dist.get_rank() == dist.get_world_size() - 1)
@@ -124,6 +127,8 @@ class Trainer:
         self.ckpt = CheckpointManager(args, self)
         self.ckpt.register("pipeline_channels", self.channels)
         self.ckpt.register("grad_sync", self.grad_sync)
+        if self.tp_channel is not None:
+            self.ckpt.register("tp_channel", self.tp_channel)
         if args.compression.syncs_parameters:  # replicas differ: each keeps its own weights
             from megatron.training.dp_modes import ReplicaState
             self.ckpt.register("replica", ReplicaState(self.model, self.optimizer))
@@ -235,6 +240,7 @@ class Trainer:
             # the mask is made on the logits' device: no host tensor copied up per micro-batch
             padded = torch.arange(width, device=logits.device) >= real
             logits = logits.masked_fill(padded, float("-inf"))
+        count_cross_entropy(self.tp_channel, labels)
         return tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
 
     # ---------------------------------------------------------------- one iteration
@@ -261,6 +267,8 @@ class Trainer:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         self.grad_sync.begin(self.model, self.iteration)   # --overlap-grad-reduce hooks
+        if self.tp_channel is not None:   # its warm-ups count iterations
+            self.tp_channel.iteration = self.iteration
         step = self.forward_backward(self.train_ds, self.consumed_samples % self.epoch_samples)
         self.grad_sync(self.model, self.iteration)
         ok, grad_norm, _ = self.optimizer.step()

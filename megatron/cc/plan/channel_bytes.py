@@ -107,6 +107,31 @@ def emb_bytes(m, layout, c, iteration) -> Optional[Dict[str, float]]:
     return {"sent": members * sent, "raw": members * raw, "messages": members}
 
 
+def tp_bytes(m, layout, c, iteration) -> Optional[Dict[str, float]]:
+    """The tensor-parallel sums (megatron/cc/tp_reduce.py, the driver's tp_channel.py), on
+    every tp rank of every replica, per micro-batch: per layer two row-parallel outputs
+    (--mp-acti-comp) and two column-parallel input gradients (--mp-grad-comp), all (S, B, H);
+    the output layer's input gradient (--mp-grad-comp), the embedding lookup and cross
+    entropy's three (B, S) fp32 tensors (exact)."""
+    if layout.tp < 2:
+        return None
+    import torch
+    n, h = m.seq_length * layout.micro_batch_size, m.hidden_size
+    raw = n * h * torch.empty((), dtype=layout.dtype).element_size()
+
+    def site(on, rank, warm_up):
+        lowrank = on and iteration >= int(warm_up * layout.train_iters) and (n + h) * rank < n * h
+        return 4 * (n + h) * rank if lowrank else raw
+
+    fwd = site(c.mp_acti_comp, c.mp_acti_comp_rank, c.mp_acti_comp_warm_up)
+    bwd = site(c.mp_grad_comp, c.mp_grad_comp_rank, c.mp_grad_comp_warm_up)
+    sites = 4 * m.num_layers + 3   # + output layer, embedding lookup, cross entropy
+    sent = m.num_layers * 2 * (fwd + bwd) + bwd + raw + 3 * n * 4
+    total_raw = (4 * m.num_layers + 2) * raw + 3 * n * 4
+    reps = layout.tp * layout.dp * layout.num_microbatches
+    return {"sent": reps * sent, "raw": reps * total_raw, "messages": reps * sites}
+
+
 def channel_bytes(m: ModelShape, layout: Layout, c, iteration: Optional[int] = None,
                   iters_per_epoch: Optional[int] = None) -> Totals:
     """{channel: {sent, raw, messages}} of one iteration over all ranks (see module doc).
@@ -123,4 +148,7 @@ def channel_bytes(m: ModelShape, layout: Layout, c, iteration: Optional[int] = N
     emb = emb_bytes(m, layout, c, it)
     if emb is not None:
         out["emb"] = emb
+    tp = tp_bytes(m, layout, c, it)
+    if tp is not None:
+        out["tp"] = tp
     return {k: out[k] for k in CHANNELS if k in out}
