@@ -110,3 +110,18 @@ def test_bad_tp_compression_flags_are_refused(tiny_corpus, flags, message):
     with pytest.raises(ConfigError) as err:
         parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=2)
     assert message in str(err.value)
+
+
+def _resume_worker(rank, world, corpus, ckpt):
+    common = {**TP2, **COMP, "train-iters": 6, "mp-grad-comp-warm-up": 0.2}
+    straight = runner.train(tiny_gpt_argv(corpus, **common), world)
+    runner.train(tiny_gpt_argv(corpus, **common, save=ckpt, **{"exit-interval": 3}), world)
+    resumed = runner.train(tiny_gpt_argv(corpus, **common, load=ckpt), world)
+    return straight, resumed
+
+
+def test_resume_with_tp_compression_is_bit_exact(tiny_corpus, tmp_path):
+    """Q and the error of every site are checkpointed (rank files); the warm-up ends at 1."""
+    straight, resumed = run_distributed(_resume_worker, 2, (tiny_corpus, str(tmp_path)),
+                                        timeout=600)[-1]
+    assert len(straight) == 6 and resumed == straight[3:], (resumed, straight)
