@@ -2,8 +2,8 @@
 
 Compute: the 6 N T rule (forward 2 N T FLOPs, backward 4 N T) per micro-batch of T = S x B
 tokens, N the parameters a stage multiplies by on one tensor-parallel rank (its layers, plus
-the output layer on the last stage; embedding lookups are free; attention's S^2 term and
-tensor-parallel all-reduces are left out), at the cluster's achieved TFLOP/s per GPU. The
+the output layer on the last stage; embedding lookups are free; attention's S^2 term is left
+out; tensor-parallel all-reduces are the tp term below), at the cluster's achieved TFLOP/s per GPU. The
 slowest stage sets the pace: compute = M (t_f + t_b), bubble = (pp - 1)(t_f + t_b).
 
 Communication, per channel, from the exact bytes (channel_bytes.py) over the slowest link a
@@ -19,6 +19,10 @@ inter-datacentre bandwidth is shared by every flow crossing it at once:
            background (CocktailSGD's default); DiLoCo-style modes once per H/F steps.
     emb    an all-reduce over the first and last stage (every replica's with --emb-comm-opt),
            exposed in full.
+    tp     the tensor-parallel sums of every micro-batch (channel_bytes.tp_bytes), ring
+           all-reduces over the tp group's level, synchronous: they lengthen each forward and
+           backward, so (M + pp - 1) times the slowest stage's (and overlapped pipeline
+           transfers hide behind t_f + t_b + their time).
 Codec time = uncompressed bytes / throughput (encode + decode); CODEC_THROUGHPUT_GBS below.
 """
 from dataclasses import dataclass
@@ -54,10 +58,11 @@ class StepTime:
     pp: float
     dp: float
     emb: float
+    tp: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.compute + self.bubble + self.pp + self.dp + self.emb
+        return self.compute + self.bubble + self.pp + self.dp + self.emb + self.tp
 
     @property
     def utilisation(self) -> float:
@@ -195,6 +200,38 @@ def emb_seconds(m, layout, c, cluster, totals) -> float:
     return t
 
 
+def _ring(cluster, level: str, k: int, nbytes: float) -> float:
+    """A ring all-reduce of nbytes per rank over k ranks of one level."""
+    return 2 * (k - 1) / k * nbytes / _bw(cluster, level, 1) + \
+        2 * (k - 1) * cluster.links[level].latency_s
+
+
+def tp_seconds(m, layout, c, cluster) -> float:
+    """Tensor-parallel sums of one micro-batch (forward and backward) on the slowest stage, in
+    the steady state (every warm-up over)."""
+    tp = layout.tp
+    if tp < 2:
+        return 0.0
+    place = placement(tp, layout.dp, layout.pp)
+    level = cluster.group_level([place(t, 0, 0) for t in range(tp)])
+    n, h = m.seq_length * layout.micro_batch_size, m.hidden_size
+    import torch
+    raw = n * h * torch.empty((), dtype=layout.dtype).element_size()
+
+    def site(on, rank):
+        if on and (n + h) * rank < n * h:   # P and Q all-reduced in fp32, then the codec
+            return (_ring(cluster, level, tp, 4 * n * rank) + _ring(cluster, level, tp, 4 * h * rank)
+                    + codec_seconds(cluster, "powersgd", raw))
+        return _ring(cluster, level, tp, raw)
+
+    fwd, bwd = site(c.mp_acti_comp, c.mp_acti_comp_rank), site(c.mp_grad_comp, c.mp_grad_comp_rank)
+    layers = m.num_layers // layout.pp
+    stages = [layers * 2 * (fwd + bwd) for _ in range(layout.pp)]
+    stages[0] += _ring(cluster, level, tp, raw)                          # embedding lookup
+    stages[-1] += bwd + _ring(cluster, level, tp, 3 * n * 4)             # output layer, loss
+    return max(stages)
+
+
 def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
               overlap: bool = False) -> StepTime:
     """Predicted seconds per iteration; `overlap`: --overlap-p2p-comm and
@@ -205,12 +242,14 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
     t_f, t_b = 2 * n * T / rate, 4 * n * T / rate
     M, pp = layout.num_microbatches, layout.pp
     compute, bubble = M * (t_f + t_b), (pp - 1) * (t_f + t_b)
+    t_tp = tp_seconds(m, layout, c, cluster)
     totals = channel_bytes(m, layout, c)
     pp_t = 0.0
     if pp > 1:
         msg = pp_message_seconds(m, layout, c, cluster, totals)
-        pp_t = ((pp - 1) * msg + (M - 1) * max(0.0, msg - (t_f + t_b)) if overlap
+        pp_t = ((pp - 1) * msg + (M - 1) * max(0.0, msg - (t_f + t_b + t_tp)) if overlap
                 else (M + pp - 2) * msg)
     dp_t = dp_seconds(m, layout, c, cluster, compute + bubble, t_b,
                       overlap and c.dp_mode_name == "allreduce")
-    return StepTime(compute, bubble, pp_t, dp_t, emb_seconds(m, layout, c, cluster, totals))
+    return StepTime(compute, bubble, pp_t, dp_t, emb_seconds(m, layout, c, cluster, totals),
+                    (M + pp - 1) * t_tp)

@@ -29,6 +29,28 @@ def test_compute_is_the_6NT_rule():
     assert (t.bubble, t.pp, t.dp, t.emb) == (0, 0, 0, 0) and t.utilisation == 1
 
 
+def test_tensor_parallel_sums_lengthen_every_micro_batch():
+    """tp = 2 in one node at 1000 Gbit/s, no latency: per micro-batch 4 per layer + the output
+    layer + the embedding lookup ring all-reduces of (S, B, H) fp32, and cross entropy's 3 (B, S);
+    --mp-acti-comp / --mp-grad-comp replace a sum by P and Q rings plus the codec."""
+    lay = Layout(2, 1, 1, micro_batch_size=2, num_microbatches=3)
+    bw = 1000e9 / 8
+    ring = lambda x: 2 * (2 - 1) / 2 * x / bw   # noqa: E731
+    raw, n = 32 * 2 * 64 * 4, 32 * 2
+    t = step_time(M4, lay, CompressionConfig(), _cluster(nodes=1, gpn=2))
+    assert t.tp == pytest.approx(3 * ((4 * 4 + 2) * ring(raw) + ring(3 * n * 4)))
+    c = CompressionConfig(mp_acti_comp=True, mp_acti_comp_rank=4, mp_grad_comp=True,
+                          mp_grad_comp_rank=4)
+    # on fast links the codec costs more than it saves; over 1 Gbit/s between the tp ranks
+    # (two nodes) it pays
+    assert step_time(M4, lay, c, _cluster(nodes=1, gpn=2)).tp > t.tp
+    slow, comp = (step_time(M4, lay, cc, _cluster(nodes=2, gpn=1, lat_us=0))
+                  for cc in (CompressionConfig(), c))
+    assert comp.tp < slow.tp / 2 and comp.compute == slow.compute
+    assert step_time(M4, Layout(1, 1, 1, micro_batch_size=2, num_microbatches=3),
+                     CompressionConfig(), _cluster(nodes=1)).tp == 0
+
+
 def test_pipeline_transfer_on_the_critical_path():
     lay = Layout(1, 2, 1, micro_batch_size=2, num_microbatches=4)
     cl = _cluster(inter_gbps=1.0, lat_us=100)
