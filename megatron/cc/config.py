@@ -197,10 +197,10 @@ class CompressionConfig:
 
     # ---- tp channel: Optimus-CC's tensor-parallel compression (megatron/cc/tp_reduce.py)
     mp_acti_comp: bool = flag(
-        False, "PowerSGD (error feedback, warm-started Q) on the forward all-reduce of the "
+        False, "PowerSGD (warm-started Q, no error feedback) on the forward all-reduce of the "
                "row-parallel layers (attention and MLP output projections); lossy. Needs "
                "--tensor-model-parallel-size > 1.")
-    mp_acti_comp_rank: int = flag(8, "Rank r of --mp-acti-comp's P (tokens x r) and Q "
+    mp_acti_comp_rank: int = flag(16, "Rank r of --mp-acti-comp's P (tokens x r) and Q "
                                      "(hidden x r).")
     mp_acti_comp_warm_up: float = flag(
         0.0, "Fraction of --train-iters (from the start) whose forward tp sums are exact; "
@@ -208,10 +208,10 @@ class CompressionConfig:
     mp_acti_comp_type: str = flag("PowerSGD", "Reducer of --mp-acti-comp.",
                                   choices=["PowerSGD"])
     mp_grad_comp: bool = flag(
-        False, "PowerSGD (error feedback, warm-started Q) on the backward all-reduce of the "
+        False, "PowerSGD (warm-started Q, no error feedback) on the backward all-reduce of the "
                "column-parallel layers' input gradients (QKV, MLP input, output layer); lossy. "
                "Needs --tensor-model-parallel-size > 1.")
-    mp_grad_comp_rank: int = flag(8, "Rank r of --mp-grad-comp's factors.")
+    mp_grad_comp_rank: int = flag(16, "Rank r of --mp-grad-comp's factors.")
     mp_grad_comp_warm_up: float = flag(
         0.0, "Fraction of --train-iters (from the start) whose backward tp sums are exact; "
              "in [0, 1).")

@@ -7,12 +7,15 @@ megatron/training/tp_channel.py): `forward_sum` for a row-parallel layer's parti
 `backward_sum` for a column-parallel layer's shares of its input gradient, `count` for the
 all-reduces megatron-core makes itself (vocab-parallel embedding and cross entropy: bytes only).
 
-Compression (PowerSGD, summed over the group): the message as a (tokens, hidden) fp32 matrix M
-plus the site's error E; P = M Q all-reduced and orthonormalised, Q' = M^T P all-reduced; the
-sum is approximated by P Q'^T, the projection of the exact sum onto span(P). Q is warm-started
-per site and orthonormalised before reuse (as CB does). Each rank keeps E = M - P P^T M, its
-own share of the residual (the shares add up to the sum's residual), and adds it to the site's
-next message: error feedback across micro-batches, as LEP does for CB. During the warm-up, and
+Compression (PowerSGD, summed over the group): the message as a (tokens, hidden) fp32 matrix
+M; P = M Q all-reduced and orthonormalised, Q' = M^T P all-reduced; the sum is approximated by
+P Q'^T, the projection of the exact sum onto span(P). Q is warm-started per site and
+orthonormalised before reuse (as CB does). No error feedback: consecutive messages of a site
+belong to different micro-batches (other samples), so a residual carried over adds one
+sample's error to another's activations. Measured at the demo width (tp 2, hidden 128, rank
+16, 100 iterations; README): with error feedback validation loss +3.8% over uncompressed,
+without +1.2% (forward alone +0.03%, backward alone +1.2% against +2.6% with it). During the
+warm-up, and
 where (n + m) r >= n m, the sum is exact; validation passes (no grad) are exact and not
 counted, as on the pipeline channels. Bytes per rank: P and Q in fp32, against the message in
 its own dtype.
@@ -43,7 +46,6 @@ class TensorParallelReduce:
         self.compress = {"forward": forward, "backward": backward}
         self.iteration = 0
         self.qs: Dict[str, torch.Tensor] = {}
-        self.errors: Dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------- sums
     def count(self, nbytes: int) -> None:
@@ -73,8 +75,6 @@ class TensorParallelReduce:
                 self.stats.add("tp", raw, raw)
             return x
         M = x.reshape(n, m).float()
-        if key in self.errors:
-            M = M + self.errors[key].to(M.device)   # no-op unless loaded onto another device
         Q = self.qs.get(key)
         if Q is None:   # drawn on the CPU: the same Q on every rank and device
             Q = torch.randn(m, how.rank, generator=torch.Generator().manual_seed(self.seed))
@@ -83,7 +83,6 @@ class TensorParallelReduce:
         dist.all_reduce(P, group=self.group)
         orthogonalize_(P, self.eps)
         Q = M.t() @ P
-        self.errors[key] = M - P @ Q.t()   # this rank's share of the residual (before the sum)
         dist.all_reduce(Q, group=self.group)
         self.qs[key] = Q
         self.stats.add("tp", (P.numel() + Q.numel()) * 4, raw)
@@ -91,9 +90,7 @@ class TensorParallelReduce:
 
     # ------------------------------------------------------------------- state
     def state_dict(self) -> dict:
-        return {"qs": {k: q.clone() for k, q in self.qs.items()},
-                "errors": {k: e.clone() for k, e in self.errors.items()}}
+        return {"qs": {k: q.clone() for k, q in self.qs.items()}}
 
     def load_state_dict(self, sd: dict) -> None:
         self.qs = {k: q.clone() for k, q in sd.get("qs", {}).items()}
-        self.errors = {k: e.clone() for k, e in sd.get("errors", {}).items()}

@@ -90,7 +90,7 @@ def test_planner_predicts_the_logged_tp_bytes(tiny_corpus, runs, name):
 
 
 def test_resume_with_tp_compression_is_bit_exact(runs):
-    """Q and the error of every site are checkpointed in the rank files; without the channel's
+    """The Q of every site is checkpointed in the rank files; without the channel's
     registration with the checkpoint manager this fails."""
     straight = runs["compressed"][0]
     assert len(straight) == ITERS and runs["resumed"] == straight[ITERS // 2:]
