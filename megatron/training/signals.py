@@ -10,11 +10,10 @@ import signal
 import torch
 import torch.distributed as dist
 
-from megatron.training.initialize import collective_device
-
 
 class ExitSignal:
-    def __init__(self, signum: int = signal.SIGTERM):
+    def __init__(self, device: torch.device, signum: int = signal.SIGTERM):
+        self.device = device   # of the flag: Topology.collective_device
         self.signum, self.received = signum, False
         self._previous = signal.signal(signum, self._handle)
 
@@ -23,7 +22,7 @@ class ExitSignal:
 
     def requested(self) -> bool:
         """Collective: True on every rank once any rank has received the signal."""
-        flag = torch.tensor([int(self.received)], dtype=torch.int32, device=collective_device())
+        flag = torch.tensor([int(self.received)], dtype=torch.int32, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
