@@ -193,7 +193,7 @@ def auto_compress(args, topo, nodes: List[str], vocab_size: int) -> None:
     from megatron.training.link_probe import matmul_tflops, probe_links
     probes = probe_links(topo)
     tflops = matmul_tflops(topo.device, layout_of(args).dtype)
-    cluster = build_cluster(nodes, probes, tflops, "gpu" if topo.cuda else "cpu")
+    cluster = build_cluster(nodes, probes, tflops, "gpu" if topo.device.type == "cuda" else "cpu")
     cands = plan_launched(args, vocab_size, cluster)
     chosen, passed = choose(args, cands)
     pick = [(chosen.name, chosen.overlap)]

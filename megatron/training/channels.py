@@ -149,9 +149,8 @@ def build_grad_sync(args, model, stats, topo, nodes=None) -> GradSync:
 def mark_inter_node(stats, nodes, fused: bool, topo) -> None:
     """Which of this rank's collective channels span nodes: the dp group; the embedding's
     first and last stage (fused: of every replica)."""
-    pipe = topo.pp_ranks
     stats.leaves_node["dp"] = spans_nodes(nodes, topo.dp_ranks)
-    stats.leaves_node["emb"] = spans_nodes(nodes, (pipe[0], pipe[-1])) or \
+    stats.leaves_node["emb"] = spans_nodes(nodes, (topo.pp_ranks[0], topo.pp_ranks[-1])) or \
         (fused and stats.leaves_node["dp"])
 
 

@@ -56,7 +56,6 @@ def _compat(args, name: str) -> bool:
 
 def build_gpt_model(args, config: TransformerConfig, padded_vocab_size: int,
                     topo: Topology) -> GPTModel:
-    """This stage's part of the model, this tp rank's shard of it, on the rank's device."""
     m = args.model
     model = GPTModel(
         config=config,
@@ -123,8 +122,7 @@ def is_glu_fc1(gname: str, glu: bool) -> bool:
 
 def shard(full: torch.Tensor, param: torch.nn.Parameter, rank: int, tp: int,
           glu: bool = False) -> torch.Tensor:
-    """Rank `rank`'s slice of an unsplit tensor (Megatron shards contiguously; a GLU fc1 per
-    half)."""
+    """Rank `rank`'s slice of an unsplit tensor (contiguous shards; a GLU fc1 per half)."""
     dim = partition_dim(param)
     if dim < 0:
         return full

@@ -13,8 +13,7 @@ import torch.distributed as dist
 
 class ExitSignal:
     def __init__(self, device: torch.device, signum: int = signal.SIGTERM):
-        self.device = device   # of the flag: Topology.collective_device
-        self.signum, self.received = signum, False
+        self.signum, self.received, self.device = signum, False, device  # collective_device
         self._previous = signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame) -> None:

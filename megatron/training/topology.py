@@ -49,6 +49,10 @@ class Topology:
     tp_size: int
     pp_rank: int                  # the pipeline stage
     pp_size: int
+    is_first: bool                # stage 0: embeds the tokens
+    is_last: bool                 # computes the loss
+    prev_rank: int                # global ranks of the previous and next stage (wrapping)
+    next_rank: int
     dp_rank: int
     dp_size: int
     pp_ranks: Tuple[int, ...]     # global ranks of this rank's pipeline, stage by stage
@@ -61,26 +65,6 @@ class Topology:
     emb_group: Any = None         # the tied embedding's (first and last stage only)
 
     @property
-    def is_first(self) -> bool:
-        return self.pp_rank == 0
-
-    @property
-    def is_last(self) -> bool:
-        return self.pp_rank == self.pp_size - 1
-
-    @property
-    def prev_rank(self) -> int:
-        return self.pp_ranks[(self.pp_rank - 1) % self.pp_size]
-
-    @property
-    def next_rank(self) -> int:
-        return self.pp_ranks[(self.pp_rank + 1) % self.pp_size]
-
-    @property
-    def cuda(self) -> bool:
-        return self.device.type == "cuda"
-
-    @property
     def collective_device(self) -> torch.device:
         """Of a small operand (a flag, a count) of a collective on the default group."""
         return self.device if self.backend == "nccl" else torch.device("cpu")
@@ -90,16 +74,18 @@ class Topology:
         """After megatron-core's initialize_model_parallel (and torch.cuda.set_device)."""
         from megatron.core import parallel_state as ps
         pp_group, dp_group = ps.get_pipeline_model_parallel_group(), ps.get_data_parallel_group()
-        member = ps.is_pipeline_first_stage() or ps.is_pipeline_last_stage()
+        first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         return cls(
             rank=dist.get_rank(), world_size=dist.get_world_size(),
             tp_rank=ps.get_tensor_model_parallel_rank(),
             tp_size=ps.get_tensor_model_parallel_world_size(),
             pp_rank=ps.get_pipeline_model_parallel_rank(),
-            pp_size=ps.get_pipeline_model_parallel_world_size(),
+            pp_size=ps.get_pipeline_model_parallel_world_size(), is_first=first, is_last=last,
+            prev_rank=ps.get_pipeline_model_parallel_prev_rank(),
+            next_rank=ps.get_pipeline_model_parallel_next_rank(),
             dp_rank=ps.get_data_parallel_rank(), dp_size=ps.get_data_parallel_world_size(),
             pp_ranks=tuple(dist.get_process_group_ranks(pp_group)),
             dp_ranks=tuple(dist.get_process_group_ranks(dp_group)),
             device=rank_device(), backend=dist.get_backend(),
             tp_group=ps.get_tensor_model_parallel_group(), pp_group=pp_group, dp_group=dp_group,
-            emb_group=ps.get_embedding_group(check_initialized=False) if member else None)
+            emb_group=ps.get_embedding_group(check_initialized=False) if first or last else None)

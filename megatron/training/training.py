@@ -73,7 +73,7 @@ class StageStep:
         model, M = self.t.model, self.t.batches.num_microbatches
         first, last = self.t.topo.is_first, self.t.topo.is_last
         batch = to_device(data_mod.collate(self.dataset, self.sample_ids(mb)),
-                          self.t.device) if first or last else {}
+                          self.t.topo.device) if first or last else {}
         unwrap(model).set_input_tensor(input_tensor)
         with torch.set_grad_enabled(not self.forward_only):
             out = model(batch.get("tokens") if first else None,
@@ -94,10 +94,8 @@ class StageStep:
 
 class Trainer:
     def __init__(self, args, topology: Optional[Topology] = None):
-        """`topology`: what initialize_distributed returned (None: read it here)."""
         self.args = args
-        self.topo = topology or Topology.from_parallel_state()
-        self.device = self.topo.device
+        self.topo = topology or Topology.from_parallel_state()   # initialize_distributed's
         self.skipped_iters = 0   # since the last log line (fp16 overflow steps)
         self.stats = ChannelStats()
         self.tokenizer = self._build_tokenizer()
@@ -430,7 +428,7 @@ class Trainer:
 
     def report_peak_memory(self) -> None:
         """Peak memory per rank (GPU: max allocated; CPU: peak RSS), printed by the last rank."""
-        if self.topo.cuda:
+        if self.topo.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated() / 2**20
         else:
             import resource

@@ -42,7 +42,8 @@ def _channels(stage, flags, corpus):
                                    "distributed-backend": "gloo", **flags})
     args = parse_args(argv, world_size=2)
     topo = Topology(rank=stage, world_size=2, tp_rank=0, tp_size=1, pp_rank=stage, pp_size=2,
-                    dp_rank=0, dp_size=1, pp_ranks=(0, 1), dp_ranks=(stage,),
+                    is_first=stage == 0, is_last=stage == 1, prev_rank=1 - stage,
+                    next_rank=1 - stage, dp_rank=0, dp_size=1, pp_ranks=(0, 1), dp_ranks=(stage,),
                     device=torch.device("cuda", torch.cuda.current_device()))
     config = type("Config", (), {"pipeline_dtype": torch.bfloat16})()
     return build_pipeline_channels(args, config, ChannelStats(), topo, epoch_samples=8)
