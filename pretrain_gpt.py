@@ -68,8 +68,7 @@ def main(argv=None) -> int:
     from megatron.training.initialize import destroy, initialize_distributed
     from megatron.training.training import Trainer
     try:
-        initialize_distributed(args)
-        trainer = Trainer(args)
+        trainer = Trainer(args, initialize_distributed(args))
         trainer.train()
         trainer.final_evaluate()
         trainer.close()

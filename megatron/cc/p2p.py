@@ -74,8 +74,7 @@ class Link:
         return [p.contiguous() for p in self.codec.encode(x.detach(), self._ctx(msg))]
 
     # receiver side
-    def buffers(self, shape, dtype, msg: Message) -> List[torch.Tensor]:
-        device = _device()
+    def buffers(self, shape, dtype, msg: Message, device=None) -> List[torch.Tensor]:
         if not self.compressed(msg):
             return [torch.empty(shape, dtype=dtype, device=device)]
         return [torch.empty(s, dtype=d, device=device)
@@ -86,11 +85,6 @@ class Link:
             self._observe(payload[0], msg)
             return payload[0]
         return self.codec.decode(payload, torch.Size(shape), dtype, self._ctx(msg))
-
-
-def _device():
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-        else torch.device("cpu")
 
 
 @dataclass
@@ -192,7 +186,9 @@ class PipelineChannels:
                  prev_fwd: Optional[Link] = None, prev_bwd: Optional[Link] = None,
                  next_fwd: Optional[Link] = None, next_bwd: Optional[Link] = None,
                  transport: Optional[P2PTransport] = None,
-                 scatter_gather: Optional[ScatterGather] = None):
+                 scatter_gather: Optional[ScatterGather] = None,
+                 device: Optional[torch.device] = None):
+        self.device = device                # of the receive buffers: the stage's (None: CPU)
         self.shape = tuple(tensor_shape)    # what the schedule sends and receives
         self.sg = scatter_gather            # None: every rank sends the whole message
         self.wire_shape = self.shape if scatter_gather is None else \
@@ -231,7 +227,7 @@ class PipelineChannels:
                 self.probe.error(link.codec.error(x.shape))
         if recv is not None:
             link, msg = recv
-            bufs = link.buffers(self.wire_shape, self.dtype, msg)
+            bufs = link.buffers(self.wire_shape, self.dtype, msg, self.device)
             recvs = [(b, link.peer) for b in bufs]
             recv_spec = (link, msg, bufs)
         if self.transport is None:

@@ -450,7 +450,7 @@ def validate_args(args: Args) -> None:
         raise ConfigError("--dp-adam-correction corrects Adam's denominator; it has no effect "
                           f"with --optimizer {args.training.optimizer}: drop it")
     if args.model.fp16 or args.model.bf16:
-        import torch
-        if not torch.cuda.is_available():
+        from megatron.training.topology import cuda_available
+        if not cuda_available():
             raise ConfigError("--fp16/--bf16 need GPUs; on CPU train in fp32 (drop the flag)")
     validate_gpu_args(args)

@@ -17,6 +17,7 @@ import torch
 
 from megatron.cc.background import BackgroundCall
 from megatron.training.checkpoint_io import write_file
+from megatron.training.topology import cuda_available
 
 
 class HostSnapshot:
@@ -27,7 +28,7 @@ class HostSnapshot:
 
     def __call__(self, obj):
         out = self._copy(obj, ())
-        if torch.cuda.is_available():
+        if cuda_available():
             torch.cuda.synchronize()   # sync point: the non-blocking copies must land first
         return out
 

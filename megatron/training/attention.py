@@ -20,6 +20,7 @@ import torch
 
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.training.topology import cuda_available
 
 IMPLS = ("local", "sdpa", "transformer_engine")
 
@@ -58,7 +59,7 @@ def default_impl() -> str:
     Transformer Engine is opt-in: its spec fuses the layer norms into the linears and renames
     their parameters (linear_qkv.layer_norm_weight, ...), which tools/checkpoint's Hugging Face
     mapping does not know."""
-    return "sdpa" if torch.cuda.is_available() else "local"
+    return "sdpa" if cuda_available() else "local"
 
 
 def layer_spec(impl: str, base=None):

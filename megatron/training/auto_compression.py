@@ -186,14 +186,14 @@ def report(cluster: Cluster, probes: Sequence["Probe"], nodes: Sequence[str], sh
                "compression auto: flags: " + (" ".join(flags) or "(none: uncompressed)")])
 
 
-def auto_compress(args, device: torch.device, nodes: List[str], vocab_size: int) -> None:
+def auto_compress(args, topo, nodes: List[str], vocab_size: int) -> None:
     """Probe, plan, print and apply (collective: every rank, after the process groups exist
     and before anything reads args.compression)."""
     import torch.distributed as dist
     from megatron.training.link_probe import matmul_tflops, probe_links
-    probes = probe_links(device)
-    tflops = matmul_tflops(device, layout_of(args).dtype)
-    cluster = build_cluster(nodes, probes, tflops, "gpu" if device.type == "cuda" else "cpu")
+    probes = probe_links(topo)
+    tflops = matmul_tflops(topo.device, layout_of(args).dtype)
+    cluster = build_cluster(nodes, probes, tflops, "gpu" if topo.device.type == "cuda" else "cpu")
     cands = plan_launched(args, vocab_size, cluster)
     chosen, passed = choose(args, cands)
     pick = [(chosen.name, chosen.overlap)]

@@ -1,12 +1,9 @@
 """Wiring: build this rank's communication channels from the parsed arguments.
 
 The only place where flags meet megatron.cc: it picks codecs and modes from the
-CompressionConfig, looks up process groups and peers in megatron-core's parallel_state,
-and hands both to the library's constructors.
+CompressionConfig, takes process groups and peers from the rank's Topology, and hands both
+to the library's constructors.
 """
-import torch.distributed as dist
-from megatron.core import parallel_state as ps
-
 from megatron.cc.grad_sync import (EmbeddingSync, ExactDataParallelSync, FusedEmbeddingSync,
                                    GradSync, PowerSGDDataParallelSync,
                                    create_fused_embedding_group)
@@ -30,16 +27,14 @@ def activation_shape(args):
     return (args.model.seq_length, args.training.micro_batch_size, args.model.hidden_size)
 
 
-def scatter_gather(args):
+def scatter_gather(args, topo):
     """This rank's slice of every pipeline message at tp > 1 (None: whole messages).
 
     The library takes the tensor-parallel group, rank and size from here; see
     megatron.cc.p2p.ScatterGather for why the slices are along the sequence."""
     if not args.scatter_gather:
         return None
-    return ScatterGather(ps.get_tensor_model_parallel_group(),
-                         ps.get_tensor_model_parallel_rank(),
-                         ps.get_tensor_model_parallel_world_size())
+    return ScatterGather(topo.tp_group, topo.tp_rank, topo.tp_size)
 
 
 # --inter-grad-comp-type -> the registered codec that implements it (same keyword arguments)
@@ -76,7 +71,7 @@ def backward_policy(args, sender_stage: int) -> BackwardCompressionPolicy:
         epilogue_only=c.inter_grad_comp_epilogue_only)
 
 
-def build_pipeline_channels(args, config, stats, epoch_samples=None,
+def build_pipeline_channels(args, config, stats, topo, epoch_samples=None,
                             nodes=None) -> PipelineChannels:
     """This stage's ends of the fwd/bwd links; both ends of a link build identical codecs.
 
@@ -84,14 +79,11 @@ def build_pipeline_channels(args, config, stats, epoch_samples=None,
     default activation-cache size need it). `nodes`: every rank's node (nodes.node_of_ranks),
     for counting what leaves the node apart; None: one node.
     """
-    stage = ps.get_pipeline_model_parallel_rank()
-    first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+    stage, first, last = topo.pp_rank, topo.is_first, topo.is_last
     c, seed = args.compression, comp_seed(args)
     links = {}
     if args.pp > 1:
-        prev = ps.get_pipeline_model_parallel_prev_rank()
-        nxt = ps.get_pipeline_model_parallel_next_rank()
-        me = dist.get_rank()
+        prev, nxt, me = topo.prev_rank, topo.next_rank, topo.rank
         if not first:
             out = spans_nodes(nodes, (me, prev))
             links["prev_fwd"] = Link("pp-fwd", prev, leaves_node=out)
@@ -103,14 +95,15 @@ def build_pipeline_channels(args, config, stats, epoch_samples=None,
             links["next_bwd"] = Link("pp-bwd", nxt, backward_codec(c, seed),
                                      backward_policy(args, sender_stage=stage + 1),
                                      leaves_node=out)
-    attach_codecs(args, links, epoch_samples)   # AC-SGD / TAH-Quant codecs and warm-up
+    attach_codecs(args, links, topo, epoch_samples)   # AC-SGD / TAH-Quant codecs and warm-up
     speed = speed_meter(args, stats)
     for link in links.values():
         if speed is not None and link.codec is not None:
             link.codec = TimedCodec(link.codec, speed, link.channel)
     channels = PipelineChannels(activation_shape(args), config.pipeline_dtype, stats,
                                 transport=pipeline_transport(args),
-                                scatter_gather=scatter_gather(args), **links)
+                                scatter_gather=scatter_gather(args, topo),
+                                device=topo.device, **links)
     if c.check_orth_error_acti and last and not first:
         channels.probe = OrthogonalityProbe(stats)
     return channels
@@ -130,7 +123,7 @@ def overlapped(dp, args):
     return dp   # a dp mode without an overlapped twin stays synchronous
 
 
-def build_grad_sync(args, model, stats, nodes=None) -> GradSync:
+def build_grad_sync(args, model, stats, topo, nodes=None) -> GradSync:
     """dp channel (exact, PowerSGD on the first k stages, or a parameter-syncing --dp-mode)
     + emb channel (plain or fused; a --dp-mode has no dp all-reduce to fuse with).
     `nodes`: as build_pipeline_channels (marks the dp and emb groups that span nodes).
@@ -141,41 +134,33 @@ def build_grad_sync(args, model, stats, nodes=None) -> GradSync:
     c = args.compression
     # pp == 1: the embedding goes with the dp sync; a --dp-mode has no all-reduce to fuse with
     fused = c.emb_comm_opt and args.pp > 1 and not c.syncs_parameters
-    mark_inter_node(stats, nodes, fused)
-    dp = build_dp_mode_sync(args, stats) if c.syncs_parameters else \
-        gradient_sync(args, stats, fused)
+    mark_inter_node(stats, nodes, fused, topo)
+    dp = build_dp_mode_sync(args, stats, topo) if c.syncs_parameters else \
+        gradient_sync(args, stats, fused, topo)
     if c.hetero:   # emulated slow replicas, for comparing the dp modes under --hetero
-        dp = HeteroDelay(dp, c.hetero, args.training.seed, ps.get_data_parallel_rank())
-    # first or last stage: holds a copy of the tied embedding (asked of the stage, not of
-    # ps.is_rank_in_embedding_group, whose rank list survives destroy_model_parallel)
-    member = ps.is_pipeline_first_stage(ignore_virtual=True) or \
-        ps.is_pipeline_last_stage(ignore_virtual=True)
+        dp = HeteroDelay(dp, c.hetero, args.training.seed, topo.dp_rank)
+    member = topo.is_first or topo.is_last   # holds a copy of the tied embedding
     if fused:
-        group = create_fused_embedding_group(ps.get_tensor_model_parallel_rank(), member,
-                                             timeout=group_timeout(args))
+        group = create_fused_embedding_group(topo.tp_rank, member, timeout=group_timeout(args))
         return GradSync(dp, emb_channel(args, FusedEmbeddingSync(group, stats, args.dp), stats))
-    emb_group = ps.get_embedding_group(check_initialized=False) if member else None
-    return GradSync(dp, emb_channel(args, EmbeddingSync(emb_group, stats), stats))
+    return GradSync(dp, emb_channel(args, EmbeddingSync(topo.emb_group, stats), stats))
 
 
-def mark_inter_node(stats, nodes, fused: bool) -> None:
+def mark_inter_node(stats, nodes, fused: bool, topo) -> None:
     """Which of this rank's collective channels span nodes: the dp group; the embedding's
     first and last stage (fused: of every replica)."""
-    dp = dist.get_process_group_ranks(ps.get_data_parallel_group())
-    pipe = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
-    stats.leaves_node["dp"] = spans_nodes(nodes, dp)
-    stats.leaves_node["emb"] = spans_nodes(nodes, (pipe[0], pipe[-1])) or \
+    stats.leaves_node["dp"] = spans_nodes(nodes, topo.dp_ranks)
+    stats.leaves_node["emb"] = spans_nodes(nodes, (topo.pp_ranks[0], topo.pp_ranks[-1])) or \
         (fused and stats.leaves_node["dp"])
 
 
-def gradient_sync(args, stats, fused: bool):
+def gradient_sync(args, stats, fused: bool, topo):
     """The dp channel of the gradient-averaging modes (exact or --grad-comp), overlapped
     with backward under --overlap-grad-reduce where the mode has an overlapped twin."""
     c = args.compression
-    dp_group = data_parallel_group(args)
-    own_group = dp_group is not ps.get_data_parallel_group()   # --dp-backend: not DDP's group
-    stage = ps.get_pipeline_model_parallel_rank()
-    if args.dp > 1 and stage < c.compressed_stages(args.pp):
+    dp_group = data_parallel_group(args, topo)
+    own_group = dp_group is not topo.dp_group   # --dp-backend: not DDP's group
+    if args.dp > 1 and topo.pp_rank < c.compressed_stages(args.pp):
         dp = dp_reducer(args, dp_group, stats, exclude_embedding=fused)
     else:
         dp = ExactDataParallelSync(dp_group, stats, exclude_embedding=fused,

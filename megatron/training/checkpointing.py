@@ -33,7 +33,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
 from megatron.training.checkpoint_args import file_state, written_by_megatron_lm
 from megatron.training.checkpoint_compat import (  # noqa: F401  (shard_dir_name: for tools/)
@@ -43,8 +42,8 @@ from megatron.training.async_save import AsyncWriter, HostSnapshot
 from megatron.training.checkpoint_io import fsync_dir, safe_load, write_file
 from megatron.training.checkpoint_select import (  # noqa: F401  (re-exported for tools/)
     LATEST, choose_checkpoint, committed_iterations, iter_dir, read_latest)
-from megatron.training.initialize import collective_device
 from megatron.training.model import global_param_names, unwrap
+from megatron.training.topology import cuda_available
 
 # 2: per-file .sha256 checksums, loadable with weights_only=True. 3: Megatron-LM's layout
 # (mp_rank_XX at pp 1, args a Namespace); also Megatron-LM's own number for megatron-core's
@@ -162,7 +161,7 @@ def load_grad_scaler_state(optimizer, sd) -> None:
 # ---------------------------------------------------------------- rng
 
 def _here() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if cuda_available() else "cpu"
 
 
 def rng_state() -> dict:
@@ -171,7 +170,7 @@ def rng_state() -> dict:
     (cpu_shim), hence "tracker_device"."""
     return {"random": random.getstate(), "numpy": np.random.get_state(),
             "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            "cuda": torch.cuda.get_rng_state() if cuda_available() else None,
             "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
             "tracker_device": _here()}
 
@@ -233,9 +232,9 @@ class CheckpointManager:
         """(state, path) of every file this rank writes for the current iteration."""
         t = self.trainer
         tmp = iter_dir(root, t.iteration) + ".tmp"
-        tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        tp_rank, pp_rank = t.topo.tp_rank, t.topo.pp_rank
         jobs = []
-        if ps.get_data_parallel_rank() == 0:
+        if t.topo.dp_rank == 0:
             by_name = _by_name_supported(t.optimizer)
             jobs.append((file_state({
                 "checkpoint_version": CHECKPOINT_VERSION,
@@ -295,7 +294,7 @@ class CheckpointManager:
         except RuntimeError as e:
             done, error = True, e
         state = torch.tensor([-1 if error else int(done)], dtype=torch.int32,
-                             device=collective_device())
+                             device=self.trainer.topo.collective_device)
         dist.all_reduce(state, op=dist.ReduceOp.MIN)   # sync point, only while a save is in flight
         if state.item() < 0:
             root, iteration = self.pending
@@ -343,7 +342,7 @@ class CheckpointManager:
 
     # ------------------------------------------------------------ load
     def _files_to_read(self, root: str, iteration: int) -> list:
-        tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        tp_rank, pp_rank = self.trainer.topo.tp_rank, self.trainer.topo.pp_rank
         files = [shard_file(root, iteration, tp_rank, pp_rank, self.args.pp)]
         mine = rank_file(root, iteration, dist.get_rank())
         return files + ([mine] if os.path.isfile(mine) else [])
@@ -362,7 +361,7 @@ class CheckpointManager:
 
     def _load_iteration(self, root: str, iteration: int) -> None:
         t, c = self.trainer, self.args.checkpoint
-        tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        tp_rank, pp_rank = t.topo.tp_rank, t.topo.pp_rank
         path = shard_file(root, iteration, tp_rank, pp_rank, self.args.pp)
         if not os.path.isfile(path):
             raise FileNotFoundError(

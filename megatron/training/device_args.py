@@ -54,18 +54,15 @@ class GpuArgs:
             raise ConfigError("--loss-scale-window and --hysteresis must be >= 1")
         if self.overlap_param_gather and not self.use_distributed_optimizer:
             raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
-        if self.pp_backend == "nccl" and not _cuda():
-            raise ConfigError("--pp-backend nccl needs CUDA GPUs; use gloo on CPU")
+        if self.pp_backend == "nccl":
+            from megatron.training.topology import cuda_available  # torch: only when asked
+            if not cuda_available():
+                raise ConfigError("--pp-backend nccl needs CUDA GPUs; use gloo on CPU")
         if self.transformer_impl == "transformer_engine":
             from megatron.training.attention import have_transformer_engine
             if not have_transformer_engine():
                 raise ConfigError("--transformer-impl transformer_engine: the transformer_engine "
                                   "package is not installed; use sdpa or local")
-
-
-def _cuda() -> bool:
-    import torch  # only when asked: argument errors must stay fast to report
-    return torch.cuda.is_available()
 
 
 def validate_gpu_args(args) -> None:

@@ -6,8 +6,6 @@ the dp channel sends nothing, and the emb channel sums the tied embedding gradie
 first and last stage of each replica (--emb-comm-opt has no dp all-reduce to fuse with here,
 so the plain embedding sync is used).
 """
-from megatron.core import parallel_state as ps
-
 from megatron.cc.grad_sync.cocktail import CocktailSGDSync
 from megatron.cc.grad_sync.diloco import DiLoCoSync
 from megatron.cc.grad_sync.flat_codecs import make_flat_codec
@@ -43,25 +41,25 @@ def build_exchange(args, group, name: str) -> ShardedExchange:
     return ShardedExchange(group, codec(seed), codec(seed))
 
 
-def build_sparseloco(args, dp_group, stats) -> SparseLoCoSync:
+def build_sparseloco(args, dp_group, stats, dp_rank: int) -> SparseLoCoSync:
     """SparseLoCo on DiLoCo's loop flags; its codec's rounding seed differs per replica."""
     from megatron.cc.compress.chunk_topk import ChunkTopKCodec
     c = args.compression
     group = clone_groups(dp_group, c.dp_backend) if c.dp_backend or c.diloco_sync_delay \
         else dp_group
     codec = ChunkTopKCodec(c.sparseloco_density, c.sparseloco_chunk_size, c.sparseloco_bits,
-                           c.stochastic_rounding, args.training.seed + ps.get_data_parallel_rank(),
+                           c.stochastic_rounding, args.training.seed + dp_rank,
                            c.quant_scheme)
     return SparseLoCoSync(dp_group, stats, codec, c.diloco_inner_steps, c.sparseloco_outer_lr,
                           c.sparseloco_error_decay, c.diloco_fragments, c.diloco_sync_delay,
                           reduce_group=group, outer_momentum=c.sparseloco_outer_momentum)
 
 
-def build_dp_mode_sync(args, stats):
+def build_dp_mode_sync(args, stats, topo):
     """The dp channel of --dp-mode (channels.build_grad_sync adds --hetero and the emb channel)."""
     c = args.compression
     mode = c.dp_mode_name
-    dp_group = ps.get_data_parallel_group()
+    dp_group = topo.dp_group
     if mode == "cocktail_sgd":
         overlap = not c.cocktail_no_overlap
         group = clone_groups(dp_group, c.dp_backend) if overlap or c.dp_backend else dp_group
@@ -78,12 +76,12 @@ def build_dp_mode_sync(args, stats):
                         c.diloco_outer_momentum, exchange, c.diloco_fragments,
                         c.diloco_sync_delay, reduce_group=group)
     elif mode == "sparseloco":
-        dp = build_sparseloco(args, dp_group, stats)
+        dp = build_sparseloco(args, dp_group, stats, topo.dp_rank)
     elif mode == "preduce":
-        stage = ps.get_pipeline_model_parallel_rank()
-        schedule = schedule_of(stage, ps.get_pipeline_model_parallel_world_size(),
-                               c.preduce_scope, not args.model.untie_embeddings_and_output_weights)
-        decider = stage == schedule and ps.get_tensor_model_parallel_rank() == 0
+        stage = topo.pp_rank
+        schedule = schedule_of(stage, topo.pp_size, c.preduce_scope,
+                               not args.model.untie_embeddings_and_output_weights)
+        decider = stage == schedule and topo.tp_rank == 0
         pairwise = {"auto": None, "window": False, "pairwise": True}[c.preduce_groups]
         dp = PartialReduceSync(dp_group, stats, job_store(), decider, c.ssp_bound,
                                args.training.train_iters, schedule=schedule, pairwise=pairwise)

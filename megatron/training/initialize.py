@@ -10,15 +10,15 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
 from megatron.training import cpu_shim, rendezvous
-from megatron.training.device import check_backend, rank_device
+from megatron.training.topology import Topology, check_backend, cuda_available, rank_device
 
 
-def initialize_distributed(args) -> None:
-    """torch.distributed + megatron-core's model-parallel groups + seeds."""
+def initialize_distributed(args) -> Topology:
+    """torch.distributed + megatron-core's model-parallel groups + seeds; this rank's place."""
     cpu_shim.apply()
-    backend = args.parallel.distributed_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = args.parallel.distributed_backend or ("nccl" if cuda_available() else "gloo")
     check_backend(backend)
-    if torch.cuda.is_available():
+    if cuda_available():
         torch.cuda.set_device(rank_device())  # LOCAL_RANK modulo the visible GPUs
     else:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -31,18 +31,12 @@ def initialize_distributed(args) -> None:
         tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
         distributed_timeout_minutes=args.parallel.distributed_timeout_minutes)
     set_seeds(args.training.seed)
+    return Topology.from_parallel_state()
 
 
 def group_timeout(args) -> datetime.timedelta:
     """--distributed-timeout-minutes, for every group we create (torch's default is 30 min)."""
     return datetime.timedelta(minutes=args.parallel.distributed_timeout_minutes)
-
-
-def collective_device() -> torch.device:
-    """Where a small collective operand (a flag, a count) must live for the default group."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def set_seeds(seed: int) -> None:

@@ -1,6 +1,6 @@
 """Start-up probes of what --compression auto plans with: every channel's link and the compute rate.
 
-    probes = probe_links(device)      # collective: every rank calls it, after process groups
+    probes = probe_links(topo)        # collective: every rank calls it, after process groups
     rate = matmul_tflops(device, dtype)
 
 pp: a send/recv ping-pong of a small and a large tensor between each pair of pipeline
@@ -19,7 +19,7 @@ from typing import List, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron.core import parallel_state as ps
+from megatron.training.topology import Topology
 
 SMALL_BYTES = 4 * 1024
 LARGE_BYTES = 1024 * 1024   # 1 MiB: ~0.4 s one way at 20 Mbit/s, so the probe stays seconds
@@ -72,15 +72,12 @@ def _pingpong(peer: int, group, device: torch.device, first: bool, nbytes: int) 
     return _median_seconds(step, device)
 
 
-def probe_pipeline(device: torch.device) -> List[Probe]:
+def probe_pipeline(topo: Topology) -> List[Probe]:
     """This rank's ping-pongs with its next stage (measured by the sender side)."""
-    pp = ps.get_pipeline_model_parallel_world_size()
+    pp, group, ranks, stage = topo.pp_size, topo.pp_group, topo.pp_ranks, topo.pp_rank
     if pp < 2:
         return []
-    group = ps.get_pipeline_model_parallel_group()
-    ranks = dist.get_process_group_ranks(group)
-    stage = ps.get_pipeline_model_parallel_rank()
-    dev = _device_for(group, device)
+    dev = _device_for(group, topo.device)
     out = []
     for s in range(pp - 1):   # in order: stage s + 1 answers s before it pings s + 2
         if stage == s:
@@ -92,25 +89,24 @@ def probe_pipeline(device: torch.device) -> List[Probe]:
     return out
 
 
-def probe_data_parallel(device: torch.device) -> List[Probe]:
+def probe_data_parallel(topo: Topology) -> List[Probe]:
     """All-reduces on this rank's data-parallel group (reported by its first rank)."""
-    group = ps.get_data_parallel_group()
-    if dist.get_world_size(group) < 2:
+    group = topo.dp_group
+    if topo.dp_size < 2:
         return []
-    dev = _device_for(group, device)
+    dev = _device_for(group, topo.device)
     t = []
     for n in (SMALL_BYTES, LARGE_BYTES):
         buf = torch.zeros(n // 4, dtype=torch.float32, device=dev)
         t.append(_median_seconds(lambda: dist.all_reduce(buf, group=group), dev))
-    ranks = tuple(dist.get_process_group_ranks(group))
-    if dist.get_rank() != ranks[0]:
+    if topo.rank != topo.dp_ranks[0]:
         return []
-    return [Probe("dp", ranks, SMALL_BYTES, LARGE_BYTES, *t)]
+    return [Probe("dp", topo.dp_ranks, SMALL_BYTES, LARGE_BYTES, *t)]
 
 
-def probe_links(device: torch.device) -> List[Probe]:
+def probe_links(topo: Topology) -> List[Probe]:
     """Every rank's probes, gathered: the same list on every rank (collective)."""
-    mine = probe_pipeline(device) + probe_data_parallel(device)
+    mine = probe_pipeline(topo) + probe_data_parallel(topo)
     everyone: List[List[Probe]] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     return [p for theirs in everyone for p in theirs]

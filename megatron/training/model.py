@@ -22,13 +22,13 @@ from megatron.core.transformer import TransformerConfig
 from megatron.cc.grad_sync.sync import unwrap
 from megatron.training import architecture
 from megatron.training.attention import default_impl, layer_spec
-from megatron.training.device import rank_device
+from megatron.training.topology import Topology, cuda_available
 
 
 def transformer_config(args) -> TransformerConfig:
     m = args.model
     dtype = torch.bfloat16 if m.bf16 else torch.float16 if m.fp16 else torch.float32
-    on_gpu = torch.cuda.is_available()
+    on_gpu = cuda_available()
     return TransformerConfig(
         num_layers=m.num_layers, hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads, ffn_hidden_size=m.ffn_hidden_size,
@@ -55,26 +55,26 @@ def _compat(args, name: str) -> bool:
 
 
 def build_gpt_model(args, config: TransformerConfig, padded_vocab_size: int,
-                    pre_process: bool, post_process: bool) -> GPTModel:
+                    topo: Topology) -> GPTModel:
     m = args.model
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(_impl(args), base=architecture.layer_spec(m)),
         vocab_size=padded_vocab_size, max_sequence_length=m.max_position_embeddings,
-        pre_process=pre_process, post_process=post_process, parallel_output=True,
+        pre_process=topo.is_first, post_process=topo.is_last, parallel_output=True,
         share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
         position_embedding_type=m.position_embedding_type, rotary_percent=m.rotary_percent,
         rotary_base=m.rotary_base)
     if m.output_layer_bias:
         architecture.add_output_layer_bias(model)
     init_weights_by_seed(model, args.training.seed, args.model.init_method_std,
-                         args.model.num_layers)
+                         args.model.num_layers, topo.tp_rank, topo.tp_size)
     # Every parameter in the training dtype, as Megatron's Float16Module casts the module:
     # megatron-core builds torch LayerNorm and the position embedding in fp32, and on CUDA
     # bf16 word + fp32 position embeddings give fp32 activations that a bf16 linear refuses.
     # The optimizer keeps fp32 main weights of all of them.
     # Built and initialised on the CPU, trained on the rank's GPU.
-    return model.to(device=rank_device(), dtype=config.params_dtype)
+    return model.to(device=topo.device, dtype=config.params_dtype)
 
 
 def _impl(args) -> str:
@@ -102,16 +102,13 @@ def global_param_names(model: GPTModel) -> Iterator[Tuple[str, str, torch.nn.Par
         yield name, gname, param
 
 
-def shard_info(param: torch.nn.Parameter) -> Tuple[int, int]:
-    """(partition dim or -1, tp world size) of a tensor-parallel parameter."""
-    from megatron.core import parallel_state as ps
-    if getattr(param, "tensor_model_parallel", False):
-        return param.partition_dim, ps.get_tensor_model_parallel_world_size()
-    return -1, 1
+def partition_dim(param: torch.nn.Parameter) -> int:
+    """The dimension a tensor-parallel parameter is split along, -1 for a replicated one."""
+    return param.partition_dim if getattr(param, "tensor_model_parallel", False) else -1
 
 
-def full_shape(param: torch.nn.Parameter) -> Tuple[int, ...]:
-    dim, tp = shard_info(param)
+def full_shape(param: torch.nn.Parameter, tp: int) -> Tuple[int, ...]:
+    dim = partition_dim(param)
     shape = list(param.shape)
     if dim >= 0:
         shape[dim] *= tp
@@ -123,13 +120,12 @@ def is_glu_fc1(gname: str, glu: bool) -> bool:
     return glu and gname.endswith(("linear_fc1.weight", "linear_fc1.bias"))
 
 
-def shard(full: torch.Tensor, param: torch.nn.Parameter, glu: bool = False) -> torch.Tensor:
-    """This rank's slice of an unsplit tensor (Megatron shards contiguously; a GLU fc1 per half)."""
-    from megatron.core import parallel_state as ps
-    dim, tp = shard_info(param)
+def shard(full: torch.Tensor, param: torch.nn.Parameter, rank: int, tp: int,
+          glu: bool = False) -> torch.Tensor:
+    """Rank `rank`'s slice of an unsplit tensor (contiguous shards; a GLU fc1 per half)."""
+    dim = partition_dim(param)
     if dim < 0:
         return full
-    rank = ps.get_tensor_model_parallel_rank()
     if glu:
         return torch.cat([half.chunk(tp, dim=0)[rank] for half in full.chunk(2, dim=0)])
     return full.chunk(tp, dim=dim)[rank]
@@ -155,11 +151,12 @@ def initial_value(gname: str, shape, seed: int, std: float, num_layers: int) -> 
 
 
 @torch.no_grad()
-def init_weights_by_seed(model: GPTModel, seed: int, std: float, num_layers: int) -> None:
+def init_weights_by_seed(model: GPTModel, seed: int, std: float, num_layers: int,
+                         tp_rank: int, tp: int) -> None:
     glu = model.config.gated_linear_unit
     for _, gname, param in global_param_names(model):
-        value = initial_value(gname, full_shape(param), seed, std, num_layers)
-        param.copy_(shard(value, param, is_glu_fc1(gname, glu)).to(param.dtype))
+        value = initial_value(gname, full_shape(param, tp), seed, std, num_layers)
+        param.copy_(shard(value, param, tp_rank, tp, is_glu_fc1(gname, glu)).to(param.dtype))
 
 
 def local_state_for_export(model) -> Dict[str, torch.Tensor]:

@@ -14,8 +14,6 @@ import math
 import os
 from typing import Dict, Optional
 
-from megatron.core import parallel_state as ps
-
 from megatron.cc.compress import CacheTooLarge, get_codec
 from megatron.cc.compress.delta import mem_available
 from megatron.cc.p2p import Link
@@ -57,8 +55,8 @@ def slice_seq_length(args) -> int:
     return args.model.seq_length // (args.tp if args.scatter_gather else 1)
 
 
-def forward_codec(args, capacity: int, seed: int, ram_limit: Optional[int]):
-    """The activation codec of one fwd link end, or None."""
+def forward_codec(args, capacity: int, seed: int, ram_limit: Optional[int], device=None):
+    """The activation codec of one fwd link end, or None; `device`: where activations arrive."""
     c = args.compression
     method = c.forward_compress_method
     if method == "none":
@@ -73,7 +71,7 @@ def forward_codec(args, capacity: int, seed: int, ram_limit: Optional[int]):
     kw = dict(bits=c.forward_bits, capacity=capacity,
               sample_shape=(slice_seq_length(args), args.model.hidden_size),
               storage=c.activation_cache_location, ram_limit_bytes=ram_limit,
-              stochastic=c.stochastic_rounding, seed=seed, device=_device(),
+              stochastic=c.stochastic_rounding, seed=seed, device=device,
               scheme=c.quant_scheme)
     if method == "delta-lowbits":
         kw["bits_act"] = c.forward_bits_act
@@ -103,14 +101,14 @@ def _ram_limit(n_caches: int) -> Optional[int]:
     return None if avail is None else avail // max(1, local * n_caches)
 
 
-def attach_codecs(args, links: Dict[str, Link], epoch_samples: Optional[int] = None) -> None:
+def attach_codecs(args, links: Dict[str, Link], topo,
+                  epoch_samples: Optional[int] = None) -> None:
     """Give this stage's link ends their AC-SGD / TAH codecs and warm-up policies (in place).
 
     Raises ConfigError naming the link when an activation cache does not fit.
     """
     c = args.compression
-    rank = ps.get_pipeline_model_parallel_rank()
-    me = _global_rank()
+    rank, me = topo.pp_rank, topo.rank
     warm = warmup_iters(args, epoch_samples)
     fwd_links = [k for k in ("prev_fwd", "next_fwd") if k in links]
     capacity = cache_capacity(args, epoch_samples) if c.activation_cache else 0
@@ -120,7 +118,8 @@ def attach_codecs(args, links: Dict[str, Link], epoch_samples: Optional[int] = N
         sender = me if key == "next_fwd" else link.peer
         role = "sender" if key == "next_fwd" else "receiver"
         try:
-            link.codec = forward_codec(args, capacity, _seed(args, sender, "pp-fwd"), ram_limit)
+            link.codec = forward_codec(args, capacity, _seed(args, sender, "pp-fwd"), ram_limit,
+                                       topo.device)
         except CacheTooLarge as e:
             raise ConfigError(f"[rank {me}] stage {rank} pp-fwd {role} end: {e}") from None
         link.policy = WarmupPolicy(warm) if warm else None
@@ -139,14 +138,3 @@ def attach_codecs(args, links: Dict[str, Link], epoch_samples: Optional[int] = N
         elif link.codec is not None and warm:  # CB: also uncompressed during the warm-up
             link.policy.warmup_iters = max(link.policy.warmup_iters, warm)
 
-
-def _device():
-    """The rank's device (set by initialize_distributed): where the activations arrive."""
-    import torch
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-        else torch.device("cpu")
-
-
-def _global_rank() -> int:
-    import torch.distributed as dist
-    return dist.get_rank() if dist.is_initialized() else 0

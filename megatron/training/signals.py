@@ -10,12 +10,10 @@ import signal
 import torch
 import torch.distributed as dist
 
-from megatron.training.initialize import collective_device
-
 
 class ExitSignal:
-    def __init__(self, signum: int = signal.SIGTERM):
-        self.signum, self.received = signum, False
+    def __init__(self, device: torch.device, signum: int = signal.SIGTERM):
+        self.signum, self.received, self.device = signum, False, device  # collective_device
         self._previous = signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame) -> None:
@@ -23,7 +21,7 @@ class ExitSignal:
 
     def requested(self) -> bool:
         """Collective: True on every rank once any rank has received the signal."""
-        flag = torch.tensor([int(self.received)], dtype=torch.int32, device=collective_device())
+        flag = torch.tensor([int(self.received)], dtype=torch.int32, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 

@@ -15,7 +15,6 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from megatron.core import parallel_state as ps
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -31,12 +30,12 @@ from megatron.training.batch_rampup import BatchRampup
 from megatron.training.run_log import RunLog, run_dir
 from megatron.training.checkpointing import CheckpointManager
 from megatron.training.config_flags import ConfigError
-from megatron.training.device import rank_device, to_device
 from megatron.training.mixed_precision import loss_scale_field, loss_scaler, loss_scaling
 from megatron.training.model import build_gpt_model, transformer_config, unwrap
 from megatron.training.tp_channel import build_tp_channel, count_cross_entropy
 from megatron.training.signals import ExitSignal
 from megatron.training.tokenizer import build_tokenizer
+from megatron.training.topology import Topology, to_device
 
 
 def print_rank_last(msg: str) -> None:
@@ -69,13 +68,13 @@ class StageStep:
         self.losses: List[torch.Tensor] = []
 
     def sample_ids(self, mb: int) -> torch.Tensor:
-        return self.t.batches.sample_ids(self.consumed, mb, ps.get_data_parallel_rank())
+        return self.t.batches.sample_ids(self.consumed, mb, self.t.topo.dp_rank)
 
     def forward(self, input_tensor, mb: int):
         model, M = self.t.model, self.t.batches.num_microbatches
-        first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+        first, last = self.t.topo.is_first, self.t.topo.is_last
         batch = to_device(data_mod.collate(self.dataset, self.sample_ids(mb)),
-                          self.t.device) if first or last else {}
+                          self.t.topo.device) if first or last else {}
         unwrap(model).set_input_tensor(input_tensor)
         with torch.set_grad_enabled(not self.forward_only):
             out = model(batch.get("tokens") if first else None,
@@ -95,16 +94,16 @@ class StageStep:
 
 
 class Trainer:
-    def __init__(self, args):
+    def __init__(self, args, topology: Optional[Topology] = None):
         self.args = args
-        self.device = rank_device()
+        self.topo = topology or Topology.from_parallel_state()   # initialize_distributed's
         self.skipped_iters = 0   # since the last log line (fp16 overflow steps)
         self.stats = ChannelStats()
         self.tokenizer = self._build_tokenizer()
         nodes = node_of_ranks()   # inter-node traffic is counted apart; auto plans with it
         if args.compression.compression == "auto":   # before anything reads the codec flags
             from megatron.training.auto_compression import auto_compress
-            auto_compress(args, self.device, nodes, self.tokenizer.vocab_size)
+            auto_compress(args, self.topo, nodes, self.tokenizer.vocab_size)
         self.padded_vocab_size = args.model.padded_vocab_size(self.tokenizer.vocab_size, args.tp)
         self.config = transformer_config(args)
         self.model = self._build_model()
@@ -115,11 +114,11 @@ class Trainer:
         self.rampup = BatchRampup.from_args(args)   # --rampup-batch-size (else constant)
         self.train_ds, self.valid_ds, _ = self._build_datasets()
         self.epoch_samples = self._epoch_samples()
-        self.channels = build_pipeline_channels(args, self.config, self.stats,
+        self.channels = build_pipeline_channels(args, self.config, self.stats, self.topo,
                                                 epoch_samples=self.epoch_samples, nodes=nodes)
-        self.grad_sync = build_grad_sync(args, self.model, self.stats, nodes)
-        self.tp_channel = build_tp_channel(args, unwrap(self.model),
-                                           ps.get_tensor_model_parallel_group(), self.stats)
+        self.grad_sync = build_grad_sync(args, self.model, self.stats, self.topo, nodes)
+        self.tp_channel = build_tp_channel(args, unwrap(self.model), self.topo.tp_group,
+                                           self.stats)
         self.iteration, self.consumed_samples = 0, 0
         self.writer = self._tensorboard()
         self.run_log = RunLog(args.logging, dist.get_rank() == dist.get_world_size() - 1)
@@ -135,7 +134,8 @@ class Trainer:
         self.loss_history: List[float] = []
         self.valid_history: List[tuple] = []
         self.valid_mean_history: List[tuple] = []   # "replica average" (param-syncing modes)
-        self.exit_signal = ExitSignal() if args.checkpoint.exit_signal_handler else None
+        self.exit_signal = (ExitSignal(self.topo.collective_device)
+                            if args.checkpoint.exit_signal_handler else None)
         self.exit_requested = False
         if args.checkpoint.load:
             self.ckpt.load(args.checkpoint.load)
@@ -146,9 +146,7 @@ class Trainer:
         return build_tokenizer(d.tokenizer_type, d.vocab_file, d.merge_file, d.tokenizer_model)
 
     def _build_model(self):
-        model = build_gpt_model(self.args, self.config, self.padded_vocab_size,
-                                pre_process=ps.is_pipeline_first_stage(),
-                                post_process=ps.is_pipeline_last_stage())
+        model = build_gpt_model(self.args, self.config, self.padded_vocab_size, self.topo)
         g = self.args.gpu
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False,
@@ -235,7 +233,7 @@ class Trainer:
         from megatron.core import tensor_parallel
         logits = logits.float()
         width = logits.size(-1)
-        real = self.tokenizer.vocab_size - ps.get_tensor_model_parallel_rank() * width
+        real = self.tokenizer.vocab_size - self.topo.tp_rank * width
         if real < width:   # this slice holds padding rows: decided on the host, from sizes
             # the mask is made on the logits' device: no host tensor copied up per micro-batch
             padded = torch.arange(width, device=logits.device) >= real
@@ -251,7 +249,7 @@ class Trainer:
         if self.args.parallel.overlap_p2p_comm and not gpipe:
             exchange = PREFETCH if prefetch_receives(self.channels.transport) else PAIRED
         forward_backward(step, self.channels, self.batches.num_microbatches, self.iteration,
-                         ps.get_pipeline_model_parallel_rank(), self.args.pp,
+                         self.topo.pp_rank, self.args.pp,
                          Schedule(exchange, gpipe, forward_only))
         return step
 
@@ -285,13 +283,13 @@ class Trainer:
     def _reduce_loss(self, losses: List[torch.Tensor], force_dp: bool = False) -> float:
         """Mean over micro-batches and replicas, known on the last stage (nan elsewhere).
         Its `.item()` is the step's one host sync (the loss goes on every log line)."""
-        if not ps.is_pipeline_last_stage():
+        if not self.topo.is_last:
             return float("nan")
         value = torch.stack(losses).mean().reshape(1)
         if not (self.grad_sync.lockstep or force_dp):  # preduce/adpsgd: no dp barrier; own loss
             return value.item()
-        dist.all_reduce(value, group=ps.get_data_parallel_group())
-        return value.item() / ps.get_data_parallel_world_size()
+        dist.all_reduce(value, group=self.topo.dp_group)
+        return value.item() / self.topo.dp_size
 
     # ---------------------------------------------------------------- loop
     def train(self) -> None:
@@ -301,7 +299,7 @@ class Trainer:
         while self.iteration < a.training.train_iters:
             metrics = self.train_step()
             iters_since_log += 1
-            if ps.is_pipeline_last_stage():
+            if self.topo.is_last:
                 self.loss_history.append(metrics["lm loss"])
             if self.iteration % a.logging.log_interval == 0:
                 elapsed = (time.time() - t_log) / iters_since_log
@@ -378,7 +376,7 @@ class Trainer:
         self._log_validation(loss, "")
         if a.compression.syncs_parameters and a.dp > 1:
             from megatron.cc.grad_sync.param_sync import replica_average
-            with replica_average(self.model, ps.get_data_parallel_group()):
+            with replica_average(self.model, self.topo.dp_group):
                 mean_loss = self._validation_loss(all_replicas=True)
             self._log_validation(mean_loss, " (replica average)")
         return loss
@@ -396,7 +394,7 @@ class Trainer:
         return sum(losses) / len(losses)
 
     def _log_validation(self, loss: float, what: str) -> None:
-        if not ps.is_pipeline_last_stage():
+        if not self.topo.is_last:
             return
         ppl = math.exp(min(20.0, loss)) if not math.isnan(loss) else float("nan")
         (self.valid_mean_history if what else self.valid_history).append((self.iteration, loss))
@@ -438,7 +436,7 @@ class Trainer:
 
     def report_peak_memory(self) -> None:
         """Peak memory per rank (GPU: max allocated; CPU: peak RSS), printed by the last rank."""
-        if torch.cuda.is_available():
+        if self.topo.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated() / 2**20
         else:
             import resource

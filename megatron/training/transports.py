@@ -5,8 +5,6 @@ backend gets its own groups over the same ranks (created collectively, on every 
 """
 import torch.distributed as dist
 
-from megatron.core import parallel_state as ps
-
 from megatron.cc.transport import P2PTransport, group_with_backend
 
 
@@ -14,12 +12,11 @@ def _differs(backend) -> bool:
     return backend is not None and backend != dist.get_backend()
 
 
-def data_parallel_group(args):
+def data_parallel_group(args, topo):
     """The dp channel's group. Collective when --dp-backend differs from the default."""
-    group = ps.get_data_parallel_group()
     if _differs(args.compression.dp_backend):
-        return group_with_backend(dist.get_process_group_ranks(group), args.compression.dp_backend)
-    return group
+        return group_with_backend(list(topo.dp_ranks), args.compression.dp_backend)
+    return topo.dp_group
 
 
 def pipeline_transport(args) -> P2PTransport:

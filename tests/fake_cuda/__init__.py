@@ -49,7 +49,7 @@ Defects this tier found (each test failed before its fix):
 
 Mistakes injected on purpose to prove the tier catches them (then reverted):
     (a) model not moved to the device (model.py: `return model` instead of
-        `model.to(rank_device())`) -> test_training_step::test_step_eval_checkpoint_resume
+        `model.to(topo.device)`) -> test_training_step::test_step_eval_checkpoint_resume
         [gpt2-fp32]: "AssertionError: not on cuda:0: ['embedding.word_embeddings.weight', ...]"
     (b) causal mask made on the CPU (attention.py SDPAttention: attn_mask=torch.ones(S, S,
         dtype=bool).tril() instead of is_causal=True) -> the same test:

@@ -66,18 +66,16 @@ def world(request, tiny_corpus):
         yield gpu, trainer
 
 
-def _dp_sync(trainer, flags, group, monkeypatch):
+def _dp_sync(trainer, flags, group):
     """build_grad_sync as a 2-replica job's rank 0 would call it."""
-    from megatron.core import parallel_state as ps
+    import dataclasses
     from megatron.training.arguments import parse_args
     from megatron.training.channels import build_grad_sync
     d = trainer.args.data
     corpus = {"prefix": d.data_path[0], "vocab": d.vocab_file, "merges": d.merge_file}
     args = parse_args(tiny_gpt_argv(corpus, **{**SMALL, **flags}), world_size=2)
-    monkeypatch.setattr(ps, "get_data_parallel_group", lambda *a, **k: group)
-    monkeypatch.setattr(ps, "get_data_parallel_world_size", lambda *a, **k: 2)
-    monkeypatch.setattr(ps, "get_data_parallel_rank", lambda *a, **k: 0)
-    return build_grad_sync(args, trainer.model, ChannelStats())
+    topo = dataclasses.replace(trainer.topo, dp_group=group, dp_size=2, dp_rank=0)
+    return build_grad_sync(args, trainer.model, ChannelStats(), topo)
 
 
 def _step(trainer, gpu):
@@ -124,10 +122,10 @@ RUNS = [("gloo", m) for m in MODES] + [("nccl", m) for m in NCCL_MODES]
 
 @pytest.mark.parametrize("world,mode", RUNS, indirect=["world"],
                          ids=[f"{b}-{m}" for b, m in RUNS])
-def test_dp_mode_per_rank_compute(world, mode, monkeypatch):
+def test_dp_mode_per_rank_compute(world, mode):
     gpu, trainer = world
     group = FakeGroup(2, backend=gpu.backend)
-    trainer.grad_sync = _dp_sync(trainer, MODES[mode], group, monkeypatch)
+    trainer.grad_sync = _dp_sync(trainer, MODES[mode], group)
     start, calls = len(gpu.events), len(gpu.dist.log)
     _step(trainer, gpu)
     assert len(gpu.dist.log) > calls, "the dp mode issued no collective"
@@ -135,7 +133,7 @@ def test_dp_mode_per_rank_compute(world, mode, monkeypatch):
     with gpu.lenient():
         sd = trainer.grad_sync.state_dict()
     assert _off_gpu(sd, gpu) == []
-    resumed = _dp_sync(trainer, MODES[mode], group, monkeypatch)
+    resumed = _dp_sync(trainer, MODES[mode], group)
     resumed.load_state_dict(real_copy(sd))
     trainer.grad_sync = resumed
     start = len(gpu.events)

@@ -31,24 +31,22 @@ FLAGS = {
 }
 
 
-def _channels(stage, flags, monkeypatch, corpus):
+def _channels(stage, flags, corpus):
     """build_pipeline_channels as stage `stage` of a pp=2 job (global ranks 0 and 1) does."""
-    from megatron.core import parallel_state as ps
     from megatron.training.arguments import parse_args
     from megatron.training.channels import build_pipeline_channels
+    from megatron.training.topology import Topology
     argv = tiny_gpt_argv(corpus, **{"num-layers": 2, "seq-length": S, "hidden-size": H,
                                    "micro-batch-size": B, "global-batch-size": 2,
                                    "pipeline-model-parallel-size": 2,
                                    "distributed-backend": "gloo", **flags})
     args = parse_args(argv, world_size=2)
-    for name, value in {"get_pipeline_model_parallel_rank": stage,
-                        "is_pipeline_first_stage": stage == 0,
-                        "is_pipeline_last_stage": stage == 1,
-                        "get_pipeline_model_parallel_prev_rank": 1 - stage,
-                        "get_pipeline_model_parallel_next_rank": 1 - stage}.items():
-        monkeypatch.setattr(ps, name, lambda *a, _v=value, **k: _v)
+    topo = Topology(rank=stage, world_size=2, tp_rank=0, tp_size=1, pp_rank=stage, pp_size=2,
+                    is_first=stage == 0, is_last=stage == 1, prev_rank=1 - stage,
+                    next_rank=1 - stage, dp_rank=0, dp_size=1, pp_ranks=(0, 1), dp_ranks=(stage,),
+                    device=torch.device("cuda", torch.cuda.current_device()))
     config = type("Config", (), {"pipeline_dtype": torch.bfloat16})()
-    return build_pipeline_channels(args, config, ChannelStats(), epoch_samples=8)
+    return build_pipeline_channels(args, config, ChannelStats(), topo, epoch_samples=8)
 
 
 def _exchange(gpu, first, last, iteration=0):
@@ -66,10 +64,10 @@ def _exchange(gpu, first, last, iteration=0):
 
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
 @pytest.mark.parametrize("codecs", list(FLAGS))
-def test_pipeline_send_path(fake_gpu, tiny_corpus, monkeypatch, codecs, backend):
+def test_pipeline_send_path(fake_gpu, tiny_corpus, codecs, backend):
     with fake_gpu(backend=backend) as gpu:
-        first = _channels(0, FLAGS[codecs], monkeypatch, tiny_corpus)
-        last = _channels(1, FLAGS[codecs], monkeypatch, tiny_corpus)
+        first = _channels(0, FLAGS[codecs], tiny_corpus)
+        last = _channels(1, FLAGS[codecs], tiny_corpus)
         start = len(gpu.events)
         _exchange(gpu, first, last)
         syncs = gpu.syncs(since=start)
@@ -82,8 +80,8 @@ def test_pipeline_send_path(fake_gpu, tiny_corpus, monkeypatch, codecs, backend)
         assert p2p <= {"batch_isend_irecv(isend)", "batch_isend_irecv(irecv)"}
         with gpu.lenient():
             states = [real_copy(c.state_dict()) for c in (first, last)]
-        first2 = _channels(0, FLAGS[codecs], monkeypatch, tiny_corpus)
-        last2 = _channels(1, FLAGS[codecs], monkeypatch, tiny_corpus)
+        first2 = _channels(0, FLAGS[codecs], tiny_corpus)
+        last2 = _channels(1, FLAGS[codecs], tiny_corpus)
         first2.load_state_dict(states[0])
         last2.load_state_dict(states[1])
         _exchange(gpu, first2, last2, iteration=1)

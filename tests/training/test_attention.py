@@ -18,9 +18,9 @@ def _logits_and_grads(rank, world, impl):
                        "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
                        "--attention-dropout", "0", "--hidden-dropout", "0",
                        "--transformer-impl", impl], world_size=world)
-    initialize_distributed(args)
+    topo = initialize_distributed(args)
     try:
-        model = build_gpt_model(args, transformer_config(args), 256, True, True)
+        model = build_gpt_model(args, transformer_config(args), 256, topo)
         tokens = torch.randint(0, 256, (3, 32), generator=torch.Generator().manual_seed(1))
         pos = torch.arange(32).expand_as(tokens)
         logits = model(tokens, pos, None)

@@ -13,8 +13,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from megatron.training import device as device_mod
-from megatron.training import training
+from megatron.training import topology, training
 
 NCCL_GROUP, GLOO_GROUP = object(), object()
 
@@ -24,6 +23,7 @@ def _fake_trainer(transport_group):
                                  parallel=types.SimpleNamespace(overlap_p2p_comm=True))
     return types.SimpleNamespace(
         args=args, iteration=0, batches=types.SimpleNamespace(num_microbatches=4),
+        topo=types.SimpleNamespace(pp_rank=0),
         channels=types.SimpleNamespace(transport=types.SimpleNamespace(group=transport_group)))
 
 
@@ -37,7 +37,6 @@ def test_prefetch_follows_the_pipeline_transport_backend(monkeypatch, default, t
                                                          prefetch):
     backends = {None: default, NCCL_GROUP: "nccl", GLOO_GROUP: "gloo"}
     monkeypatch.setattr(training.dist, "get_backend", lambda group=None: backends[group])
-    monkeypatch.setattr(training.ps, "get_pipeline_model_parallel_rank", lambda: 0)
     seen = {}
     monkeypatch.setattr(training, "forward_backward", lambda *a: seen.update(
         prefetch=a[-1].exchange == training.PREFETCH))
@@ -63,10 +62,10 @@ class _HostToDevice(TorchDispatchMode):
 
 def _lm_loss(monkeypatch, logits, vocab, padded, tp_rank):
     from megatron.core import tensor_parallel
-    monkeypatch.setattr(training.ps, "get_tensor_model_parallel_rank", lambda: tp_rank)
     # the masked logits themselves come back (the cross entropy is megatron-core's)
     monkeypatch.setattr(tensor_parallel, "vocab_parallel_cross_entropy", lambda l, y: l)
     me = types.SimpleNamespace(padded_vocab_size=padded,
+                               topo=types.SimpleNamespace(tp_rank=tp_rank),
                                tokenizer=types.SimpleNamespace(vocab_size=vocab))
     return training.Trainer.lm_loss(me, logits, None)
 
@@ -107,7 +106,7 @@ class _Tensor:
 
 def test_micro_batches_go_up_pinned_and_non_blocking():
     log = []
-    out = device_mod.to_device({"tokens": _Tensor(log)}, torch.device("cuda", 0))
+    out = topology.to_device({"tokens": _Tensor(log)}, torch.device("cuda", 0))
     assert log == ["pin", ("to", "cuda:0", True)] and set(out) == {"tokens"}
     batch = {"tokens": torch.zeros(2, 3)}
-    assert device_mod.to_device(batch, torch.device("cpu")) is batch   # CPU: no copy at all
+    assert topology.to_device(batch, torch.device("cpu")) is batch   # CPU: no copy at all

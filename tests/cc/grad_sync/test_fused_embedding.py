@@ -17,11 +17,11 @@ LAYOUTS = [(2, 2, 1), (1, 4, 3)]   # (tp, pp, k); dp = 8 / (tp pp) = 2
 SC_FLAGS = {"grad-comp": True, "grad-comp-rank": 2, "selective-grad-comp": True}
 
 
-def _grads_after(args, model, stats_cls, local_buf, h):
+def _grads_after(args, model, stats_cls, local_buf, h, topo):
     from megatron.training.channels import build_grad_sync
     h.restore_buffers(model, local_buf)
     stats = stats_cls()
-    sync = build_grad_sync(args, model, stats)
+    sync = build_grad_sync(args, model, stats, topo)
     sync(model, 0)
     return h.named_grads(model), type(sync.dp).__name__, type(sync.emb).__name__, stats.snapshot()
 
@@ -47,7 +47,7 @@ def _layout_worker(rank, world, corpus, tp, pp, k):
             args = h.with_compression(t.args, grad_comp=sc, selective_grad_comp=sc,
                                       selective_grad_comp_way=k if sc else None,
                                       grad_comp_rank=2, grad_comp_warm_up=0.0, emb_comm_opt=fe)
-            runs[(sc, fe)] = _grads_after(args, model, ChannelStats, local_buf, h)
+            runs[(sc, fe)] = _grads_after(args, model, ChannelStats, local_buf, h, t.topo)
     for sc in (False, True):
         unfused, fused = runs[(sc, False)][0], runs[(sc, True)][0]
         out[f"fe_diff_sc{int(sc)}"] = h.max_diff(unfused, fused)

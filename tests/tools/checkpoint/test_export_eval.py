@@ -34,12 +34,12 @@ def _our_logits(path, tokens):
     from tools.checkpoint.val_ppl import eval_args
     full = merge(read_checkpoint(path))
     args = eval_args(full)
-    initialize_distributed(args)
+    topo = initialize_distributed(args)
     try:
         vocab = full.vocab_size or tokenizer_vocab_size(argparse.Namespace(), full.args)
         shard = split(full, 1, 1, vocab_size=vocab, with_optimizer=False)[(0, 0)]
         model = build_gpt_model(args, transformer_config(args),
-                                shard["layout"]["padded_vocab_size"], True, True)
+                                shard["layout"]["padded_vocab_size"], topo)
         model.load_state_dict(shard["model"], strict=True)
         model.eval()
         rules = {g: (partition_dim(g), p.partition_dim if getattr(p, "tensor_model_parallel",
