@@ -147,7 +147,7 @@ def load_named_optimizer_state(optimizer, model, state: Dict[str, dict]) -> None
 
 class OptimizerState:
     """Adam's state by global parameter name where supported (reshardable), else
-    megatron-core's own; and fp16's dynamic loss-scale state (None without a scaler)."""
+    megatron-core's own; fp16's loss-scale state (None without a scaler)."""
 
     def __init__(self, optimizer, model):
         self.optimizer, self.model = optimizer, model
@@ -295,12 +295,9 @@ SHARD, RANK, COMPONENT = "shard", "rank", "component"   # where a registered sta
 
 
 class CheckpointManager:
-    """Saves and restores what is registered with it, and nothing else.
-
-    SHARD: the Stateful's keys merge into dp rank 0's model_optim_rng.pt; RANK: into this
-    process's rank file; COMPONENT: under the rank file's "components"[name]. Loading hands a
-    SHARD/RANK Stateful the whole file and a COMPONENT its own entry, in registration order.
-    """
+    """Saves and loads what is registered, in registration order. A SHARD (RANK) Stateful's keys
+    go to the top level of dp rank 0's model_optim_rng.pt (the rank file) and it loads from the
+    whole file; a COMPONENT's state sits under the rank file's "components"[name]."""
 
     def __init__(self, args, progress: Stateful, padded_vocab_size: int, vocab_size: int):
         self.args, self.progress = args, progress   # progress.iteration names the directory
