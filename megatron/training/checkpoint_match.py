@@ -21,7 +21,7 @@ def _flag_differences(saved_model_args: dict, model_args) -> str:
 
 
 def check_state_matches(saved: Dict[str, torch.Tensor], expected: Dict[str, torch.Tensor],
-                        saved_args: dict, model_args, path: str) -> None:
+                        saved_args: dict, model_args) -> None:
     """ValueError naming the first tensor of `saved` that does not fit `expected`."""
     problem = None
     for name, tensor in expected.items():
@@ -42,5 +42,5 @@ def check_state_matches(saved: Dict[str, torch.Tensor], expected: Dict[str, torc
                        f"these flags")
     if problem:
         diff = _flag_differences((saved_args or {}).get("model", {}), model_args)
-        raise ValueError(f"--load {path}: {problem}; the checkpoint was saved with other model "
+        raise ValueError(f"{problem}; the checkpoint was saved with other model "
                          f"flags (another family?){diff}. Give the flags import_hf.py printed")

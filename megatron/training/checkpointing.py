@@ -8,22 +8,18 @@
 parameter's name in the unsplit model, its optimizer state, so tools/checkpoint can reshard
 both. Directory names and `args` (an argparse.Namespace) are Megatron-LM's, so its loader and
 tools read our files; ours read Megatron-LM's (torch format, either layer spec) and our older
-layout (mp_rank_XX_000 at pp 1, args as a dict): checkpoint_compat, checkpoint_args. `rank_{r}.pt` holds what differs between replicas: RNG states and every registered
-component's state (codec error buffers, Q matrices, activation caches, counters). Components
-register with `CheckpointManager.register(name, obj)`; obj has state_dict()/load_state_dict().
+layout (mp_rank_XX_000 at pp 1, args as a dict): checkpoint_compat, checkpoint_args. `rank_{r}.pt` holds what differs between replicas: RNG states and every channel's state
+(codec error buffers, Q matrices, activation caches, counters). Both hold only what was
+registered with CheckpointManager: Statefuls (state_dict()/load_state_dict()).
 
-Atomicity: everything is written under iter_XXXXXXX.tmp/, each file with a sha256 next to it
-(checkpoint_io), then -- once every rank has written its files -- rank 0 renames the directory
-and replaces the `latest` file (write + os.replace). A save killed part-way leaves only a
-.tmp directory behind and `latest` still names the previous, complete checkpoint.
-
---async-save: the files are snapshotted to host memory and written by a background thread
-(async_save); the commit above happens at the first iteration boundary where every rank's
-thread is done (one small all-reduce per iteration while a save is in flight). At most one
-save is in flight: the next one waits for it. --keep-last N deletes older checkpoints only
-after a newer one is committed. Loading verifies checksums and never unpickles code
-(checkpoint_io.safe_load, checkpoint_select).
+Atomicity: files go under iter_XXXXXXX.tmp/, each with a sha256 (checkpoint_io); once every
+rank has written, rank 0 renames the directory and replaces `latest` (write + os.replace), so
+a save killed part-way leaves a .tmp directory and `latest` naming the previous checkpoint.
+--async-save writes from a background thread (async_save) and commits at the first iteration
+boundary where every rank's thread is done (finalize). --keep-last N deletes older checkpoints
+after a newer one is committed. Loading verifies checksums and never unpickles code.
 """
+import dataclasses
 import os
 import random
 import shutil
@@ -32,6 +28,7 @@ from typing import Dict
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.stateful import Stateful
 
 from megatron.core import tensor_parallel
 from megatron.training.checkpoint_args import file_state, written_by_megatron_lm
@@ -43,7 +40,7 @@ from megatron.training.checkpoint_io import fsync_dir, safe_load, write_file
 from megatron.training.checkpoint_select import (  # noqa: F401  (re-exported for tools/)
     LATEST, choose_checkpoint, committed_iterations, iter_dir, read_latest)
 from megatron.training.model import global_param_names, unwrap
-from megatron.training.topology import cuda_available
+from megatron.training.topology import Topology, cuda_available
 
 # 2: per-file .sha256 checksums, loadable with weights_only=True. 3: Megatron-LM's layout
 # (mp_rank_XX at pp 1, args a Namespace); also Megatron-LM's own number for megatron-core's
@@ -72,29 +69,31 @@ def atomic_write_text(path: str, text: str) -> None:
 
 # ---------------------------------------------------------------- optimizer state by name
 
+def _chained(optimizer) -> list:
+    return getattr(optimizer, "chained_optimizers", [optimizer])
+
+
 def _torch_optimizers(optimizer):
-    chained = getattr(optimizer, "chained_optimizers", [optimizer])
-    return [getattr(o, "optimizer", None) for o in chained]
+    return [getattr(o, "optimizer", None) for o in _chained(optimizer)]
 
 
 def _is_fp32_optimizer(optimizer) -> bool:
     from megatron.core.optimizer.optimizer import FP32Optimizer
-    chained = getattr(optimizer, "chained_optimizers", [optimizer])
-    return all(isinstance(o, FP32Optimizer) for o in chained)
+    return all(isinstance(o, FP32Optimizer) for o in _chained(optimizer))
 
 
 def _by_name_supported(optimizer) -> bool:
     """FP32Optimizer, or the mixed-precision one (bf16/fp16), not the distributed optimizer
     (its state is sharded over data-parallel ranks)."""
-    chained = getattr(optimizer, "chained_optimizers", [optimizer])
-    return all(_is_fp32_optimizer(o) or hasattr(o, "fp32_from_float16_groups") for o in chained)
+    return all(_is_fp32_optimizer(o) or hasattr(o, "fp32_from_float16_groups")
+               for o in _chained(optimizer))
 
 
 def _model_params(optimizer) -> Dict[int, torch.nn.Parameter]:
     """{id(param the torch optimizer steps): model parameter it stands for}. fp32 runs: the
     parameter itself; bf16/fp16 runs: the fp32 main copy of a 16-bit model parameter."""
     out = {}
-    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+    for o in _chained(optimizer):
         for model_group, main_group in zip(getattr(o, "float16_groups", []),
                                            getattr(o, "fp32_from_float16_groups", [])):
             out.update({id(main): model for model, main in zip(model_group, main_group)})
@@ -145,17 +144,63 @@ def load_named_optimizer_state(optimizer, model, state: Dict[str, dict]) -> None
                                 for k, v in s.items()}
 
 
-def grad_scaler_state(optimizer):
-    """fp16's dynamic loss-scale state (None without a scaler)."""
-    chained = getattr(optimizer, "chained_optimizers", [optimizer])
-    scaler = getattr(chained[0], "grad_scaler", None)
-    return None if scaler is None else scaler.state_dict()
+class OptimizerState:
+    """Adam's state by global parameter name where supported (reshardable), else
+    megatron-core's own; fp16's loss-scale state (None without a scaler)."""
+
+    def __init__(self, optimizer, model):
+        self.optimizer, self.model = optimizer, model
+
+    def state_dict(self) -> dict:
+        o = self.optimizer
+        by_name = _by_name_supported(o)
+        scaler = getattr(_chained(o)[0], "grad_scaler", None)
+        return {"optimizer_by_name": named_optimizer_state(o, self.model) if by_name else None,
+                "optimizer": None if by_name else o.state_dict(),
+                "grad_scaler": None if scaler is None else scaler.state_dict()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        o = self.optimizer
+        if sd["optimizer_by_name"] is None:
+            return o.load_state_dict(sd["optimizer"])
+        load_named_optimizer_state(o, self.model, sd["optimizer_by_name"])
+        for each in _chained(o):
+            if sd.get("grad_scaler") is not None and getattr(each, "grad_scaler", None) is not None:
+                each.grad_scaler.load_state_dict(sd["grad_scaler"])
 
 
-def load_grad_scaler_state(optimizer, sd) -> None:
-    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if sd is not None and getattr(o, "grad_scaler", None) is not None:
-            o.grad_scaler.load_state_dict(sd)
+class ModelState:
+    """The model shard's weights; loading also refreshes bf16/fp16's fp32 main weights."""
+
+    def __init__(self, model, optimizer, model_args):
+        self.model, self.optimizer, self.model_args = model, optimizer, model_args
+
+    def state_dict(self) -> dict:
+        return {"model": unwrap(self.model).state_dict()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        model = unwrap(self.model)
+        expected = model.state_dict()
+        saved = to_model_names(sd["model"], expected)   # local <-> Transformer Engine spec
+        check_state_matches(saved, expected, sd.get("args"), self.model_args)
+        model.load_state_dict(saved, strict=True)
+        self.optimizer.reload_model_params()
+
+
+class SchedulerState:
+    """The learning-rate schedule (megatron-core's OptimizerParamScheduler)."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    def state_dict(self) -> dict:
+        return {"opt_param_scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if sd["opt_param_scheduler"] is None:
+            raise ValueError("this checkpoint holds weights only (e.g. made by "
+                             "tools/checkpoint/import_hf.py); load it with --finetune")
+        self.scheduler.load_state_dict(sd["opt_param_scheduler"])
 
 
 # ---------------------------------------------------------------- rng
@@ -206,6 +251,38 @@ def set_rng_state(s: dict) -> list:
     return skipped
 
 
+class RngState:
+    """Every generator this process draws from ("rng" of its rank file)."""
+
+    def state_dict(self) -> dict:
+        return {"rng": rng_state()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        skipped = set_rng_state(sd["rng"])
+        if skipped:   # one line: every rank skips the same generators
+            _print_rank(0, f"WARNING: --load: RNG state not restored for {'; '.join(skipped)}: "
+                           f"kept as --seed initialised them, so dropout draws differ from an "
+                           f"uninterrupted run")
+
+
+@dataclasses.dataclass
+class Progress:
+    """The counters a resumed run continues from; the Trainer's own (see counter)."""
+    iteration: int = 0          # optimizer steps taken
+    consumed_samples: int = 0   # training samples drawn, all replicas
+
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.iteration, self.consumed_samples = sd["iteration"], sd["consumed_samples"]
+
+
+def counter(name: str) -> property:
+    """An owner attribute kept in owner.progress: the trainer's counters are its Progress."""
+    return property(lambda o: getattr(o.progress, name), lambda o, v: setattr(o.progress, name, v))
+
+
 # ---------------------------------------------------------------- manager
 
 def _print_rank(rank: int, msg: str) -> None:
@@ -213,56 +290,55 @@ def _print_rank(rank: int, msg: str) -> None:
         print(msg, flush=True)
 
 
+SHARD, RANK, COMPONENT = "shard", "rank", "component"   # where a registered state goes
+
+
 class CheckpointManager:
-    def __init__(self, args, trainer):
-        self.args = args
-        self.trainer = trainer
-        self.components: Dict[str, object] = {}
+    """Saves and loads what is registered, in registration order. A SHARD (RANK) Stateful's keys
+    go to the top level of dp rank 0's model_optim_rng.pt (the rank file) and it loads from the
+    whole file; a COMPONENT's state sits under the rank file's "components"[name]."""
+
+    def __init__(self, args, progress: Stateful, padded_vocab_size: int, vocab_size: int,
+                 topo: Topology):
+        self.args, self.progress = args, progress   # progress.iteration names the directory
+        self.tp_rank, self.pp_rank, self.dp_rank = topo.tp_rank, topo.pp_rank, topo.dp_rank
+        self.collective_device = topo.collective_device   # the async-save handshake's tensor
+        self.layout = {"tp": args.tp, "pp": args.pp, "tp_rank": self.tp_rank,
+                       "pp_rank": self.pp_rank, "padded_vocab_size": padded_vocab_size,
+                       "vocab_size": vocab_size}
+        self.registry: Dict[str, Dict[str, Stateful]] = {SHARD: {}, RANK: {}, COMPONENT: {}}
+        self.register("progress", progress, SHARD)
         self.writer = AsyncWriter()
         self.snapshot = HostSnapshot()
         self.pending = None          # (root, iteration) of the async save in flight
         self._cleaned = set()        # save roots whose stale .tmp dirs rank 0 has removed
 
-    def register(self, name: str, component) -> None:
-        """Add a component whose state_dict() goes into every process's rank file."""
-        self.components[name] = component
+    def register(self, name: str, obj: Stateful, where: str = COMPONENT) -> None:
+        self.registry[where][name] = obj
 
     # ------------------------------------------------------------ save
     def _jobs(self, root: str) -> list:
         """(state, path) of every file this rank writes for the current iteration."""
-        t = self.trainer
-        tmp = iter_dir(root, t.iteration) + ".tmp"
-        tp_rank, pp_rank = t.topo.tp_rank, t.topo.pp_rank
+        tmp = iter_dir(root, self.progress.iteration) + ".tmp"
         jobs = []
-        if t.topo.dp_rank == 0:
-            by_name = _by_name_supported(t.optimizer)
-            jobs.append((file_state({
-                "checkpoint_version": CHECKPOINT_VERSION,
-                "iteration": t.iteration,
-                "consumed_samples": t.consumed_samples,
-                "args": self.args.to_dict(),
-                "layout": {"tp": self.args.tp, "pp": self.args.pp, "tp_rank": tp_rank,
-                           "pp_rank": pp_rank, "padded_vocab_size": t.padded_vocab_size,
-                           "vocab_size": t.tokenizer.vocab_size},
-                "model": unwrap(t.model).state_dict(),
-                "optimizer_by_name": (named_optimizer_state(t.optimizer, t.model)
-                                      if by_name else None),
-                "optimizer": None if by_name else t.optimizer.state_dict(),
-                "grad_scaler": grad_scaler_state(t.optimizer),
-                "opt_param_scheduler": t.scheduler.state_dict(),
-            }), os.path.join(tmp, shard_dir_name(tp_rank, pp_rank, self.args.pp),
-                             "model_optim_rng.pt")))
-        jobs.append(({
-            "rng": rng_state(),
-            "components": {k: c.state_dict() for k, c in self.components.items()},
-        }, os.path.join(tmp, "rank_state", f"rank_{dist.get_rank():05d}.pt")))
+        if self.dp_rank == 0:   # progress first: the key order of our earlier files
+            shard = {"checkpoint_version": CHECKPOINT_VERSION, **self.progress.state_dict(),
+                     "args": self.args.to_dict(), "layout": self.layout}
+            for obj in self.registry[SHARD].values():
+                shard.update(obj.state_dict())
+            jobs.append((file_state(shard), os.path.join(
+                tmp, shard_dir_name(self.tp_rank, self.pp_rank, self.args.pp),
+                "model_optim_rng.pt")))
+        mine = {k: v for obj in self.registry[RANK].values() for k, v in obj.state_dict().items()}
+        mine["components"] = {n: obj.state_dict() for n, obj in self.registry[COMPONENT].items()}
+        jobs.append((mine, os.path.join(tmp, "rank_state", f"rank_{dist.get_rank():05d}.pt")))
         return jobs
 
     def save(self, root: str) -> str:
         """Save the current iteration (collective); with --async-save, return once snapshotted."""
-        t, c = self.trainer, self.args.checkpoint
+        c, iteration = self.args.checkpoint, self.progress.iteration
         self.finalize(blocking=True)   # at most one save in flight
-        tmp = iter_dir(root, t.iteration) + ".tmp"
+        tmp = iter_dir(root, iteration) + ".tmp"
         if dist.get_rank() == 0:
             self._remove_stale_tmp(root)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -273,12 +349,12 @@ class CheckpointManager:
             os.makedirs(os.path.dirname(path), exist_ok=True)
         if c.async_save:
             self.writer.submit([(self.snapshot(obj), path) for obj, path in jobs])
-            self.pending = (root, t.iteration)
-            return iter_dir(root, t.iteration)
+            self.pending = (root, iteration)
+            return iter_dir(root, iteration)
         for obj, path in jobs:
             write_file(obj, path)
-        self._commit(root, t.iteration)
-        return iter_dir(root, t.iteration)
+        self._commit(root, iteration)
+        return iter_dir(root, iteration)
 
     def finalize(self, blocking: bool) -> bool:
         """Commit the async save in flight once every rank has written it (collective).
@@ -294,7 +370,7 @@ class CheckpointManager:
         except RuntimeError as e:
             done, error = True, e
         state = torch.tensor([-1 if error else int(done)], dtype=torch.int32,
-                             device=self.trainer.topo.collective_device)
+                             device=self.collective_device)
         dist.all_reduce(state, op=dist.ReduceOp.MIN)   # sync point, only while a save is in flight
         if state.item() < 0:
             root, iteration = self.pending
@@ -342,8 +418,7 @@ class CheckpointManager:
 
     # ------------------------------------------------------------ load
     def _files_to_read(self, root: str, iteration: int) -> list:
-        tp_rank, pp_rank = self.trainer.topo.tp_rank, self.trainer.topo.pp_rank
-        files = [shard_file(root, iteration, tp_rank, pp_rank, self.args.pp)]
+        files = [shard_file(root, iteration, self.tp_rank, self.pp_rank, self.args.pp)]
         mine = rank_file(root, iteration, dist.get_rank())
         return files + ([mine] if os.path.isfile(mine) else [])
 
@@ -359,10 +434,26 @@ class CheckpointManager:
             return
         self._load_iteration(root, iteration)
 
+    def _restores(self, name: str) -> bool:
+        """--finetune: the weights only; --no-load-optim, --no-load-rng: as in Megatron-LM."""
+        c = self.args.checkpoint
+        if c.finetune:
+            return name == "model"
+        return not (c.no_load_optim and name in ("optimizer", "opt_param_scheduler")
+                    or c.no_load_rng and name == "rng")
+
+    def _restore(self, where: str, sd: dict, path: str) -> None:
+        for name, obj in self.registry[where].items():
+            state = sd["components"].get(name) if where == COMPONENT else sd
+            try:
+                if state is not None and self._restores(name):
+                    obj.load_state_dict(state)
+            except ValueError as e:   # name the file
+                raise ValueError(f"--load {path}: {e}") from None
+
     def _load_iteration(self, root: str, iteration: int) -> None:
-        t, c = self.trainer, self.args.checkpoint
-        tp_rank, pp_rank = t.topo.tp_rank, t.topo.pp_rank
-        path = shard_file(root, iteration, tp_rank, pp_rank, self.args.pp)
+        c = self.args.checkpoint
+        path = shard_file(root, iteration, self.tp_rank, self.pp_rank, self.args.pp)
         if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"--load {root}: {path} is missing. The checkpoint was saved with a different "
@@ -383,37 +474,14 @@ class CheckpointManager:
             raise ValueError(f"--load {root}: saved at tp={layout['tp']} pp={layout['pp']}, "
                              f"running tp={self.args.tp} pp={self.args.pp}; reshard it with "
                              f"tools/checkpoint/reshard.py")
-        model = unwrap(t.model)
-        expected = model.state_dict()
-        saved = to_model_names(sd["model"], expected)   # local <-> Transformer Engine spec
-        check_state_matches(saved, expected, sd.get("args"), self.args.model, path)
-        model.load_state_dict(saved, strict=True)
-        t.optimizer.reload_model_params()  # bf16/fp16: main weights from the loaded model
+        self._restore(SHARD, sd, path)
         if c.finetune:
             return
-        t.iteration, t.consumed_samples = sd["iteration"], sd["consumed_samples"]
-        if not c.no_load_optim:
-            if sd["optimizer_by_name"] is not None:
-                load_named_optimizer_state(t.optimizer, t.model, sd["optimizer_by_name"])
-                load_grad_scaler_state(t.optimizer, sd.get("grad_scaler"))
-            else:
-                t.optimizer.load_state_dict(sd["optimizer"])
-            if sd["opt_param_scheduler"] is None:
-                raise ValueError(f"--load {root}: this checkpoint holds weights only (e.g. made "
-                                 f"by tools/checkpoint/import_hf.py); load it with --finetune")
-            t.scheduler.load_state_dict(sd["opt_param_scheduler"])
         mine = rank_file(root, iteration, dist.get_rank())
         if os.path.isfile(mine):
             rs = safe_load(mine, c.trust_checkpoint)
-            if not c.no_load_rng:
-                skipped = set_rng_state(rs["rng"])
-                if skipped:   # one line: every rank skips the same generators
-                    _print_rank(0, f"WARNING: --load {root}: RNG state not restored for "
-                                   f"{'; '.join(skipped)}: kept as --seed initialised them, so "
-                                   f"dropout draws differ from an uninterrupted run")
-            for name, comp in self.components.items():
-                if name in rs["components"]:
-                    comp.load_state_dict(rs["components"][name])
+            self._restore(RANK, rs, mine)
+            self._restore(COMPONENT, rs, mine)
         elif dist.get_rank() == 0:
             why = "written by Megatron-LM" if foreign else "different world size?"
             print(f"  note: {mine} not found ({why}); RNG and codec state start fresh",

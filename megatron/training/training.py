@@ -28,7 +28,9 @@ from megatron.training import data as data_mod
 from megatron.training import comp_summary
 from megatron.training.batch_rampup import BatchRampup
 from megatron.training.run_log import RunLog, run_dir
-from megatron.training.checkpointing import CheckpointManager
+from megatron.training.checkpointing import (
+    RANK, SHARD, CheckpointManager, ModelState, OptimizerState, Progress, RngState,
+    SchedulerState, counter)
 from megatron.training.config_flags import ConfigError
 from megatron.training.mixed_precision import loss_scale_field, loss_scaler, loss_scaling
 from megatron.training.model import build_gpt_model, transformer_config, unwrap
@@ -94,9 +96,12 @@ class StageStep:
 
 
 class Trainer:
+    iteration, consumed_samples = counter("iteration"), counter("consumed_samples")
+
     def __init__(self, args, topology: Optional[Topology] = None):
         self.args = args
         self.topo = topology or Topology.from_parallel_state()   # initialize_distributed's
+        self.progress = Progress()
         self.skipped_iters = 0   # since the last log line (fp16 overflow steps)
         self.stats = ChannelStats()
         self.tokenizer = self._build_tokenizer()
@@ -119,11 +124,15 @@ class Trainer:
         self.grad_sync = build_grad_sync(args, self.model, self.stats, self.topo, nodes)
         self.tp_channel = build_tp_channel(args, unwrap(self.model), self.topo.tp_group,
                                            self.stats)
-        self.iteration, self.consumed_samples = 0, 0
         self.writer = self._tensorboard()
         self.run_log = RunLog(args.logging, dist.get_rank() == dist.get_world_size() - 1)
         self.comp_total: Dict[str, Dict[str, int]] = {}   # --check-comp-ratio's running sum
-        self.ckpt = CheckpointManager(args, self)
+        self.ckpt = CheckpointManager(args, self.progress, self.padded_vocab_size,
+                                      self.tokenizer.vocab_size, self.topo)
+        self.ckpt.register("model", ModelState(self.model, self.optimizer, args.model), SHARD)
+        self.ckpt.register("optimizer", OptimizerState(self.optimizer, self.model), SHARD)
+        self.ckpt.register("opt_param_scheduler", SchedulerState(self.scheduler), SHARD)
+        self.ckpt.register("rng", RngState(), RANK)
         self.ckpt.register("pipeline_channels", self.channels)
         self.ckpt.register("grad_sync", self.grad_sync)
         if self.tp_channel is not None:
