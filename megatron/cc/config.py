@@ -584,17 +584,13 @@ class CompressionConfig:
         self.validate_tp_comp(tp)
 
     def validate_tp_comp(self, tp: int) -> None:
+        """--mp-acti-comp / --mp-grad-comp (their options without them: validate_seed_options)."""
         for what in ("acti", "grad"):
             on = getattr(self, f"mp_{what}_comp")
             if on and tp == 1:
                 raise ConfigError(f"--mp-{what}-comp compresses the tensor-parallel "
                                   f"all-reduces; with --tensor-model-parallel-size 1 there are "
                                   f"none (raise it, or drop --mp-{what}-comp)")
-            for name in (f"mp_{what}_comp_rank", f"mp_{what}_comp_warm_up"):
-                default = type(self).__dataclass_fields__[name].default
-                if getattr(self, name) != default and not on:
-                    raise ConfigError(f"--{name.replace('_', '-')} configures --mp-{what}-comp; "
-                                      f"add --mp-{what}-comp (or drop it)")
             if getattr(self, f"mp_{what}_comp_rank") < 1:
                 raise ConfigError(f"--mp-{what}-comp-rank must be >= 1")
             if not 0.0 <= getattr(self, f"mp_{what}_comp_warm_up") < 1.0:
@@ -623,7 +619,8 @@ class CompressionConfig:
                                   f"auto; drop it, or use --compression manual")
 
     def validate_seed_options(self, pp: int) -> None:
-        """Optimus-CC's emb compression, dp reducer type, CB codec type and seed."""
+        """Optimus-CC's emb compression, dp reducer type, CB codec type, seed, and the options of
+        its tensor-parallel compression given without it."""
         import dataclasses
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, needs, flag_ in (("grad_comp_type", self.grad_comp, "--grad-comp"),
@@ -636,7 +633,10 @@ class CompressionConfig:
                                    ("emb_grad_comp_warm_up", self.emb_grad_comp,
                                     "--emb-grad-comp"),
                                    ("emb_use_error_feedback", self.emb_grad_comp,
-                                    "--emb-grad-comp")):
+                                    "--emb-grad-comp"),
+                                   *((f"mp_{what}_comp_{part}", getattr(self, f"mp_{what}_comp"),
+                                      f"--mp-{what}-comp") for what in ("acti", "grad")
+                                     for part in ("rank", "warm_up", "type"))):
             if getattr(self, name) != defaults[name] and not needs:
                 raise ConfigError(f"--{name.replace('_', '-')} configures {flag_}; add "
                                   f"{flag_} (or drop --{name.replace('_', '-')})")

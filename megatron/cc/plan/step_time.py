@@ -156,8 +156,7 @@ def dp_seconds(m, layout, c, cluster, step_compute: float, t_b: float,
             continue
         per_sync = 1.0 / one["messages"]              # H/F for DiLoCo-style modes, else 1
         x = one["sent"] * per_sync
-        t = 2 * (D - 1) / D * x / _bw(cluster, level, flows) + \
-            2 * (D - 1) * cluster.links[level].latency_s
+        t = _ring(cluster, level, D, x, flows)
         codec = _dp_codec(c)
         if codec != "none" and one["sent"] < one["raw"]:
             t += codec_seconds(cluster, codec, one["raw"] * per_sync)
@@ -193,16 +192,16 @@ def emb_seconds(m, layout, c, cluster, totals) -> float:
     level = cluster.group_level(ranks)
     flows = layout.tp * (1 if fused else layout.dp)
     x = totals["emb"]["sent"] / totals["emb"]["messages"]
-    t = 2 * (k - 1) / k * x / _bw(cluster, level, flows) + 2 * (k - 1) * \
-        cluster.links[level].latency_s
+    t = _ring(cluster, level, k, x, flows)
     if totals["emb"]["sent"] < totals["emb"]["raw"] and c.emb_grad_comp:
         t += codec_seconds(cluster, "powersgd", totals["emb"]["raw"] / totals["emb"]["messages"])
     return t
 
 
-def _ring(cluster, level: str, k: int, nbytes: float) -> float:
-    """A ring all-reduce of nbytes per rank over k ranks of one level."""
-    return 2 * (k - 1) / k * nbytes / _bw(cluster, level, 1) + \
+def _ring(cluster, level: str, k: int, nbytes: float, flows: int = 1) -> float:
+    """A ring all-reduce of nbytes per rank over k ranks of one level (`flows` sharing an
+    inter-datacentre link)."""
+    return 2 * (k - 1) / k * nbytes / _bw(cluster, level, flows) + \
         2 * (k - 1) * cluster.links[level].latency_s
 
 
@@ -220,7 +219,8 @@ def tp_seconds(m, layout, c, cluster) -> float:
 
     def site(on, rank):
         if on and (n + h) * rank < n * h:   # P and Q all-reduced in fp32, then the codec
-            return (_ring(cluster, level, tp, 4 * n * rank) + _ring(cluster, level, tp, 4 * h * rank)
+            return (_ring(cluster, level, tp, 4 * n * rank)
+                    + _ring(cluster, level, tp, 4 * h * rank)
                     + codec_seconds(cluster, "powersgd", raw))
         return _ring(cluster, level, tp, raw)
 
