@@ -4,7 +4,8 @@ megatron-core assumes a CUDA device in a few spots even when every tensor is on 
 the tensor-parallel RNG tracker saves/restores *CUDA* generator state, gather buffers and DDP
 grad buffers are allocated on `torch.cuda.current_device()`, and p2p code calls
 `torch.cuda.synchronize()`. On a CPU-only torch each raises "Torch not compiled with CUDA
-enabled" (so does the causal mask of the unfused softmax). `apply()` redirects exactly those calls to their CPU meaning and is a no-op when CUDA
+enabled" (so does the causal mask of the unfused softmax), and the distributed optimizer
+refuses any parameter whose `.type()` is not a `torch.cuda.*Tensor`. `apply()` redirects exactly those calls to their CPU meaning and is a no-op when CUDA
 is present, so GPU runs use stock megatron-core untouched. Nothing else in this repository
 branches on the device for megatron-core's sake.
 
@@ -13,6 +14,7 @@ megatron-core's grad-norm fallback reads every parameter's norm to the host.
 
 `tests/training/test_cpu_shim.py` fails if a megatron-core upgrade changes what is patched here.
 """
+import contextlib
 import functools
 import importlib
 import logging
@@ -49,6 +51,7 @@ PATCHED = [
     ("megatron.core.optimizer.clip_grads", "clip_grad_by_total_norm_fp32"),
     ("megatron.core.optimizer.optimizer", "clip_grad_by_total_norm_fp32"),
     ("megatron.core.optimizer.clip_grads", "l2_norm_impl"),
+    ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer"),   # its __init__
 ]
 
 
@@ -94,6 +97,38 @@ class _TorchOnCpu(types.ModuleType):
 
     def __getattr__(self, name):
         return getattr(torch, name)
+
+
+_CPU_TO_CUDA_TYPE = {f"torch.{t}Tensor": f"torch.cuda.{t}Tensor"
+                     for t in ("Float", "Half", "BFloat16")}
+
+
+@contextlib.contextmanager
+def _cpu_tensors_typed_cuda():
+    """`tensor.type()` (no argument) of a CPU tensor names its CUDA type. Scoped to the
+    DistributedOptimizer's constructor, whose one use of it is to sort parameters by dtype
+    (fp32 / 16-bit) and to refuse anything that is not on a GPU."""
+    real = torch.Tensor.type
+
+    def typed(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and not kwargs:
+            name = real(self)
+            return _CPU_TO_CUDA_TYPE.get(name, name)
+        return real(self, dtype, non_blocking, **kwargs)
+
+    torch.Tensor.type = typed
+    try:
+        yield
+    finally:
+        torch.Tensor.type = real
+
+
+def _typed_cuda(init):
+    @functools.wraps(init)
+    def wrapper(*args, **kwargs):
+        with _cpu_tensors_typed_cuda():
+            return init(*args, **kwargs)
+    return wrapper
 
 
 def _clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decoupled_grad=False):
@@ -174,4 +209,7 @@ def apply() -> None:
     from megatron.core.optimizer import clip_grads, optimizer
     clip_grads.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32
     optimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32
+    # --use-distributed-optimizer: its shards of CPU parameters are plain views and clones
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    DistributedOptimizer.__init__ = _typed_cuda(DistributedOptimizer.__init__)
     _applied = True
