@@ -6,7 +6,8 @@
 
 `model_optim_rng.pt` (written by data-parallel rank 0) holds the model shard and, keyed by each
 parameter's name in the unsplit model, its optimizer state, so tools/checkpoint can reshard
-both. Directory names and `args` (an argparse.Namespace) are Megatron-LM's, so its loader and
+both. With --use-distributed-optimizer that state is gathered from every dp rank first
+(checkpoint_distopt): the same by-name form, independent of the dp size. Directory names and `args` (an argparse.Namespace) are Megatron-LM's, so its loader and
 tools read our files; ours read Megatron-LM's (torch format, either layer spec) and our older
 layout (mp_rank_XX_000 at pp 1, args as a dict): checkpoint_compat, checkpoint_args. `rank_{r}.pt` holds what differs between replicas: RNG states and every channel's state
 (codec error buffers, Q matrices, activation caches, counters). Both hold only what was
@@ -31,6 +32,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
 from megatron.core import tensor_parallel
+from megatron.training import checkpoint_distopt
 from megatron.training.checkpoint_args import file_state, written_by_megatron_lm
 from megatron.training.checkpoint_compat import (  # noqa: F401  (shard_dir_name: for tools/)
     find_shard_dir, normalize_shard, shard_dir_name, to_model_names)
@@ -83,10 +85,17 @@ def _is_fp32_optimizer(optimizer) -> bool:
 
 
 def _by_name_supported(optimizer) -> bool:
-    """FP32Optimizer, or the mixed-precision one (bf16/fp16), not the distributed optimizer
-    (its state is sharded over data-parallel ranks)."""
+    """FP32Optimizer, or the mixed-precision one (bf16/fp16); the distributed optimizer's
+    sharded state is gathered by name apart (checkpoint_distopt)."""
     return all(_is_fp32_optimizer(o) or hasattr(o, "fp32_from_float16_groups")
                for o in _chained(optimizer))
+
+
+def _without_parameter_state(sd: dict) -> bool:
+    """A megatron-core state_dict() of the distributed optimizer, as checkpoints before the
+    gathered form held it: param groups and loss scale only, no Adam moments."""
+    inner = sd.get("optimizer") if isinstance(sd, dict) else None
+    return isinstance(inner, dict) and "state" not in inner and "param_groups" in inner
 
 
 def _model_params(optimizer) -> Dict[int, torch.nn.Parameter]:
@@ -146,24 +155,44 @@ def load_named_optimizer_state(optimizer, model, state: Dict[str, dict]) -> None
 
 class OptimizerState:
     """Adam's state by global parameter name where supported (reshardable), else
-    megatron-core's own; fp16's loss-scale state (None without a scaler)."""
+    megatron-core's own; fp16's loss-scale state (None without a scaler).
+
+    With the distributed optimizer saving is collective over the dp group (`gathers`: the
+    manager calls state_dict() on every dp rank, and keeps dp rank 0's)."""
 
     def __init__(self, optimizer, model):
         self.optimizer, self.model = optimizer, model
+        self.gathers = bool(checkpoint_distopt.distributed_optimizers(optimizer))
+
+    def _names(self) -> Dict[int, str]:
+        return {id(p): g for _, g, p in global_param_names(unwrap(self.model))}
 
     def state_dict(self) -> dict:
         o = self.optimizer
-        by_name = _by_name_supported(o)
         scaler = getattr(_chained(o)[0], "grad_scaler", None)
+        scaler = None if scaler is None else scaler.state_dict()
+        if self.gathers:
+            state = checkpoint_distopt.gather_state(o, self._names())
+            return state if state is None else {"optimizer_by_name": state, "optimizer": None,
+                                                "grad_scaler": scaler}
+        by_name = _by_name_supported(o)
         return {"optimizer_by_name": named_optimizer_state(o, self.model) if by_name else None,
                 "optimizer": None if by_name else o.state_dict(),
-                "grad_scaler": None if scaler is None else scaler.state_dict()}
+                "grad_scaler": scaler}
 
     def load_state_dict(self, sd: dict) -> None:
         o = self.optimizer
         if sd["optimizer_by_name"] is None:
+            if _without_parameter_state(sd["optimizer"]):
+                raise ValueError(
+                    "saved with --use-distributed-optimizer by an earlier version, which kept "
+                    "no Adam moments in the checkpoint; resume with --no-load-optim (weights, "
+                    "iteration and LR schedule; Adam starts fresh)")
             return o.load_state_dict(sd["optimizer"])
-        load_named_optimizer_state(o, self.model, sd["optimizer_by_name"])
+        if self.gathers:
+            checkpoint_distopt.load_state(o, self._names(), sd["optimizer_by_name"])
+        else:
+            load_named_optimizer_state(o, self.model, sd["optimizer_by_name"])
         for each in _chained(o):
             if sd.get("grad_scaler") is not None and getattr(each, "grad_scaler", None) is not None:
                 each.grad_scaler.load_state_dict(sd["grad_scaler"])
@@ -296,7 +325,9 @@ SHARD, RANK, COMPONENT = "shard", "rank", "component"   # where a registered sta
 class CheckpointManager:
     """Saves and loads what is registered, in registration order. A SHARD (RANK) Stateful's keys
     go to the top level of dp rank 0's model_optim_rng.pt (the rank file) and it loads from the
-    whole file; a COMPONENT's state sits under the rank file's "components"[name]."""
+    whole file; a COMPONENT's state sits under the rank file's "components"[name]. A SHARD
+    Stateful with `gathers` true is saved collectively over the dp group (every dp rank calls
+    its state_dict(), which returns None except on dp rank 0)."""
 
     def __init__(self, args, progress: Stateful, padded_vocab_size: int, vocab_size: int,
                  topo: Topology):
@@ -321,11 +352,14 @@ class CheckpointManager:
         """(state, path) of every file this rank writes for the current iteration."""
         tmp = iter_dir(root, self.progress.iteration) + ".tmp"
         jobs = []
-        if self.dp_rank == 0:   # progress first: the key order of our earlier files
-            shard = {"checkpoint_version": CHECKPOINT_VERSION, **self.progress.state_dict(),
-                     "args": self.args.to_dict(), "layout": self.layout}
-            for obj in self.registry[SHARD].values():
-                shard.update(obj.state_dict())
+        # a Stateful that `gathers` (the distributed optimizer's state) is collective over the
+        # dp group: every dp rank calls it, in registration order; dp rank 0 writes the result
+        shard = {"checkpoint_version": CHECKPOINT_VERSION, **self.progress.state_dict(),
+                 "args": self.args.to_dict(), "layout": self.layout}   # progress first
+        for obj in self.registry[SHARD].values():
+            if self.dp_rank == 0 or getattr(obj, "gathers", False):
+                shard.update(obj.state_dict() or {})
+        if self.dp_rank == 0:
             jobs.append((file_state(shard), os.path.join(
                 tmp, shard_dir_name(self.tp_rank, self.pp_rank, self.args.pp),
                 "model_optim_rng.pt")))

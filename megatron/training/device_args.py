@@ -27,7 +27,8 @@ class GpuArgs:
     hysteresis: int = flag(2, "--fp16: overflows tolerated before the dynamic scale halves.")
     use_distributed_optimizer: bool = flag(
         False, "Shard the optimizer state over data-parallel ranks (megatron-core's "
-               "distributed optimizer; exact dp mode only).")
+               "distributed optimizer; exact dp mode only). Checkpoints gather it: resumable "
+               "at any dp size, with or without this flag.")
     overlap_param_gather: bool = flag(
         False, "With --use-distributed-optimizer: overlap the parameter all-gather with the "
                "next forward.")
@@ -78,7 +79,3 @@ def validate_gpu_args(args) -> None:
         raise ConfigError("--dp-backend gives the dp channel its own group, which megatron-core's "
                           "own gradient sync (--use-distributed-optimizer) "
                           "does not use; drop one")
-    if g.use_distributed_optimizer and args.dp > 1 and args.checkpoint.save:
-        raise ConfigError("--use-distributed-optimizer shards Adam's state over data-parallel "
-                          "ranks, which checkpoints (saved by name from dp rank 0) do not "
-                          "gather yet; drop --save or the flag")
