@@ -90,21 +90,26 @@ def assert_on_gpu(trainer, gpu, stepped=True):
     assert not off, f"not on {gpu.device}: {off}"
 
 
-RUNS = [(f, d, "gloo") for f in FAMILIES for d in DTYPES] + [("gpt2", "bf16", "nccl")]
+# "+distopt": --use-distributed-optimizer, whose checkpoint gathers the sharded Adam state
+# (bf16: with the fp32 main weights) and loads it back onto the GPU
+RUNS = [(f, d, "gloo") for f in FAMILIES for d in DTYPES] + [("gpt2", "bf16", "nccl"),
+                                                            ("gpt2", "bf16", "nccl+distopt")]
 
 
 @pytest.mark.parametrize("family,dtype,backend", RUNS, ids=["-".join(r) for r in RUNS])
 def test_step_eval_checkpoint_resume(fake_gpu, tiny_corpus, tmp_path, family, dtype, backend,
                                      monkeypatch):
     """gloo: several ranks may share a GPU (tests/gpu runs 8 on one); NCCL: one per GPU."""
+    backend, _, distopt = backend.partition("+")
     with fake_gpu(backend=backend) as gpu:
         _step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, backend,
-                                     monkeypatch)
+                                     monkeypatch, bool(distopt))
 
 
 def _step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, backend,
-                                 monkeypatch):
-    argv = _argv(tiny_corpus, family, dtype, **{"distributed-backend": backend})
+                                 monkeypatch, distopt=False):
+    argv = _argv(tiny_corpus, family, dtype, **{"distributed-backend": backend,
+                                                "use-distributed-optimizer": distopt})
     trainer = build_trainer(gpu, argv)
     assert_on_gpu(trainer, gpu, stepped=False)
     assert_one_dtype(trainer, PARAM_DTYPES[dtype])
@@ -124,11 +129,18 @@ def _step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, back
 
     monkeypatch.setattr("megatron.training.checkpointing.write_file", _write_host_copy)
     trainer.ckpt.save(str(tmp_path))
+    if distopt:   # gathered by name: whole moments and the fp32 main weight of each bf16 param
+        from tools.checkpoint.layout import read_checkpoint
+        by_name = read_checkpoint(str(tmp_path)).shards[(0, 0)]["optimizer_by_name"]
+        assert by_name and all(set(s) == {"step", "exp_avg", "exp_avg_sq", "main_param"}
+                               and s["main_param"].dtype == torch.float32
+                               for s in by_name.values())
     from megatron.core import parallel_state as ps
     ps.destroy_model_parallel()
     gpu.ddp_models.clear()
     resumed = build_trainer(gpu, argv + ["--load", str(tmp_path)])
     assert resumed.iteration == 1
+    assert resumed.optimizer.optimizer.state, "no optimizer state loaded"
     assert_on_gpu(resumed, gpu)   # loaded optimizer state landed on the GPU
     start = len(gpu.events)
     resumed.train_step()

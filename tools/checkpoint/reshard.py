@@ -71,9 +71,10 @@ def reshard(load: str, save: str, tp: int, pp: int, iteration=None, vocab_size=N
         # The padded size at the new tp may depend on the exact vocabulary size.
         vocab_size = tokenizer_vocab_size(tokenizer_flags or argparse.Namespace(), full.args)
     if full.optimizer is None and with_optimizer:
-        print("note: this checkpoint's optimizer state is not stored by parameter name "
-              "(a checkpoint from before bf16/fp16 runs saved it by name); the new checkpoint has none and training starts Adam's "
-              "moments fresh", file=sys.stderr)
+        print("note: this checkpoint's optimizer state is not stored by parameter name (saved "
+              "before bf16/fp16 runs, or --use-distributed-optimizer runs, stored it so); the "
+              "new checkpoint has none and training starts Adam's moments fresh",
+              file=sys.stderr)
     shards = split(full, tp, pp, vocab_size=vocab_size, with_optimizer=with_optimizer,
                    progress=progress)
     os.makedirs(save, exist_ok=True)
