@@ -199,12 +199,20 @@ class OptimizerState:
 
 
 class ModelState:
-    """The model shard's weights; loading also refreshes bf16/fp16's fp32 main weights."""
+    """The model shard's weights; loading also refreshes bf16/fp16's fp32 main weights.
+
+    With --overlap-param-gather the other dp ranks' slices of the weights updated by the last
+    step arrive only in the next forward: saving first completes that all-gather, so it is
+    collective over the dp group (`gathers`)."""
 
     def __init__(self, model, optimizer, model_args):
         self.model, self.optimizer, self.model_args = model, optimizer, model_args
+        ddp_config = getattr(model, "ddp_config", None)
+        self.gathers = bool(ddp_config and ddp_config.overlap_param_gather)
 
     def state_dict(self) -> dict:
+        if self.gathers:   # megatron-core's forward pre-hook then finds nothing left to wait for
+            self.model.start_param_sync(force_sync=True)
         return {"model": unwrap(self.model).state_dict()}
 
     def load_state_dict(self, sd: dict) -> None:

@@ -4,7 +4,7 @@ so resume is bit-exact, the state does not depend on the dp size, the other opti
 
 One spawn of 2 ranks (fp32, dropout 0) runs every training job; the comparisons run here:
   ref      dist-opt dp=2, 6 iterations, uninterrupted
-  first    dist-opt dp=2, saves A at 3 and stops
+  first    dist-opt dp=2 with --overlap-param-gather, saves A at 3 and stops
   resumed  dist-opt dp=2 from A                      -> ref[3:] bit for bit
   plain    without the flag, dp=2 from A             -> ref[3:] to float rounding
   E        without the flag, loads A, re-saves it    -> E's Adam state == A's
@@ -46,7 +46,10 @@ def _worker(rank, world, corpus, root):
         dist.barrier()
 
     ref = runner.train(_argv(corpus), world)
-    first = runner.train(_argv(corpus, save=ck["A"], **{"exit-interval": SAVE_AT}), world)
+    # --overlap-param-gather: at the save, the other rank's slices of the weights are still
+    # to be all-gathered (the next forward would); the save completes that first
+    first = runner.train(_argv(corpus, save=ck["A"], **{"exit-interval": SAVE_AT,
+                                                        "overlap-param-gather": True}), world)
     resumed = runner.train(_argv(corpus, load=ck["A"]), world)
     plain = runner.train(_argv(corpus, dist_opt=False, load=ck["A"]), world)
     runner.train(_argv(corpus, dist_opt=False, load=ck["A"], save=ck["E"],
