@@ -88,7 +88,7 @@ def gather_state(optimizer, names: Dict[int, str]) -> Optional[Dict[str, dict]]:
         dp, rank = group.size(), group.rank()
         root = rank == 0
         device = _comm_device(group)
-        mine = _step(o)   # -1: this rank has no state yet
+        mine = _step(o)   # sent as -1 while this rank has no state yet
         step = torch.tensor([-1.0 if mine is None else mine], dtype=torch.float64, device=device)
         all_steps = [torch.empty_like(step) for _ in range(dp)] if root else None
         dist.gather(step, all_steps, dst=dist.get_global_rank(group, 0), group=group)
@@ -151,11 +151,10 @@ def load_state(optimizer, names: Dict[int, str], state: Dict[str, dict]) -> None
                 if "main_param" in saved and model_param.dtype != torch.float32:
                     with torch.no_grad():
                         main.copy_(piece("main_param"))
-                step = saved["step"]
+                step = torch.as_tensor(saved["step"], dtype=torch.float32).clone()
                 group = o.optimizer.param_groups[o.model_param_group_index_map[model_param][0]]
                 if "step" in group:   # fused Adam counts per group
                     group["step"] = int(step)
-                o.optimizer.state[main] = {
-                    # on the host, as torch's Adam keeps it unless capturable or fused
-                    "step": step.clone() if torch.is_tensor(step) else torch.tensor(float(step)),
-                    **{k: piece(k).clone() for k in MOMENTS}}
+                if group.get("capturable") or group.get("fused"):
+                    step = step.to(main.device)   # else on the host, as torch's Adam keeps it
+                o.optimizer.state[main] = {"step": step, **{k: piece(k).clone() for k in MOMENTS}}
