@@ -27,7 +27,7 @@ module holding every patch; test_harness.py checks the emulations themselves.
     test_sparseloco.py         the SparseLoCo codec and all-gather exchange
     test_harness.py            the fake GPU's own checks and upgrade canaries
 
-Runtime: 85 tests, ~40 s of CPU (about 46 s wall on a busy 2-core machine, of which ~7 s are
+Runtime: 86 tests, ~40 s of CPU (about 46 s wall on a busy 2-core machine, of which ~7 s are
 imports and the shared tiny corpus). Fake dispatch costs ~0.4 ms an op, so the cases are
 chosen per code path (see each file), not every combination.
 The fake CUDA device guard is compiled once with g++ (~1 s, cached in the temp dir); without
