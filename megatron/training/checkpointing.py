@@ -7,7 +7,8 @@
 `model_optim_rng.pt` (written by data-parallel rank 0) holds the model shard and, keyed by each
 parameter's name in the unsplit model, its optimizer state, so tools/checkpoint can reshard
 both. With --use-distributed-optimizer that state is gathered from every dp rank first
-(checkpoint_distopt): the same by-name form, independent of the dp size. Directory names and `args` (an argparse.Namespace) are Megatron-LM's, so its loader and
+(checkpoint_distopt): the same by-name form, independent of the dp size.
+Directory names and `args` (an argparse.Namespace) are Megatron-LM's, so its loader and
 tools read our files; ours read Megatron-LM's (torch format, either layer spec) and our older
 layout (mp_rank_XX_000 at pp 1, args as a dict): checkpoint_compat, checkpoint_args. `rank_{r}.pt` holds what differs between replicas: RNG states and every channel's state
 (codec error buffers, Q matrices, activation caches, counters). Both hold only what was

@@ -5,8 +5,8 @@ the tensor-parallel RNG tracker saves/restores *CUDA* generator state, gather bu
 grad buffers are allocated on `torch.cuda.current_device()`, and p2p code calls
 `torch.cuda.synchronize()`. On a CPU-only torch each raises "Torch not compiled with CUDA
 enabled" (so does the causal mask of the unfused softmax), and the distributed optimizer
-refuses any parameter whose `.type()` is not a `torch.cuda.*Tensor`. `apply()` redirects exactly those calls to their CPU meaning and is a no-op when CUDA
-is present, so GPU runs use stock megatron-core untouched. Nothing else in this repository
+refuses any parameter whose `.type()` is not a `torch.cuda.*Tensor`. `apply()` redirects
+exactly those calls to their CPU meaning and is a no-op when CUDA is present, so GPU runs use stock megatron-core untouched. Nothing else in this repository
 branches on the device for megatron-core's sake.
 
 One patch applies on GPUs too (batch_grad_norm): without Transformer Engine or apex,
