@@ -4,7 +4,8 @@ One spawn of 4 ranks runs every multi-rank configuration (fp32, dropout 0), one 
 rank the (1,1,1) reference:
 - layout equivalence within 1e-5 relative over 5 iterations: (tp, pp, dp) = (2,1,2) and
   (2,2,1) (the pipeline carrying (S/2, B, H) shards) with sequence parallelism, the latter with
-  fused embedding sync;
+  fused embedding sync; a Llama-style model (rope, RMSNorm, SwiGLU, untied) at (2,1,2), 3
+  iterations;
 - `tp bytes` equal a count of every collective on the tp group (all-gathers and
   reduce-scatters at half their full tensor, tp_reduce.gathered_bytes);
 - compressed pipeline channels (delta + CB with LEP, TAH + fixpoint) log exactly the codecs'
@@ -35,6 +36,11 @@ CODECS = {
     "tah": {**PP2, "forward-compress-method": "tah", "tile-size": 8,
             "backward-compress-method": "fixpoint", "backward-bits": 6, "train-iters": 2},
 }
+# rope: megatron-core reduce-scatters the lookup itself and the rotary table spans the whole
+# sequence on every rank's shard
+LLAMA = {"position-embedding-type": "rope", "normalization": "RMSNorm", "swiglu": True,
+         "disable-bias-linear": True, "untie-embeddings-and-output-weights": True,
+         "ffn-hidden-size": 64, "train-iters": 3}
 SC = {"tensor-model-parallel-size": 2, "grad-comp": True, "grad-comp-rank": 2,
       "train-iters": 2}
 
@@ -88,11 +94,12 @@ def _counting_collectives():
 
 def _worker(rank, world, corpus, ckpt):
     out = {}
-    moved, undo = _counting_collectives()
-    try:
-        out["sp_dp2"] = _all_stats(tiny_gpt_argv(corpus, **TP2), world) + (moved[0],)
-    finally:
-        undo()
+    for name, flags in (("sp_dp2", TP2), ("llama", {**TP2, **LLAMA})):
+        moved, undo = _counting_collectives()
+        try:
+            out[name] = _all_stats(tiny_gpt_argv(corpus, **flags), world) + (moved[0],)
+        finally:
+            undo()
     out["sp_pp2_fe"] = _all_stats(tiny_gpt_argv(corpus, **PP2, **{"emb-comm-opt": True}),
                                   world)
     out["tah"] = _all_stats(tiny_gpt_argv(corpus, **CODECS["tah"]), world)
@@ -113,7 +120,8 @@ def _worker(rank, world, corpus, ckpt):
 
 
 def _reference_worker(rank, world, corpus):
-    return runner.train(tiny_gpt_argv(corpus), world)
+    return runner.train(tiny_gpt_argv(corpus), world), \
+        runner.train(tiny_gpt_argv(corpus, **LLAMA), world)
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +129,10 @@ def runs(tiny_corpus, tmp_path_factory):
     ckpt = str(tmp_path_factory.mktemp("sp_ckpt"))
     out = run_distributed(_worker, 4, (tiny_corpus, ckpt), timeout=600)
     merged = dict(out[-1])
-    merged["sp_dp2"] = out[-1]["sp_dp2"][:2] + (sum(r["sp_dp2"][2] for r in out),)
-    merged["reference"] = run_distributed(_reference_worker, 1, (tiny_corpus,), timeout=300)[0]
+    for name in ("sp_dp2", "llama"):
+        merged[name] = out[-1][name][:2] + (sum(r[name][2] for r in out),)
+    merged["reference"], merged["llama_reference"] = run_distributed(
+        _reference_worker, 1, (tiny_corpus,), timeout=300)[0]
     return merged
 
 
@@ -132,9 +142,15 @@ def _close(losses, ref, tol=REL_TOL):
         assert abs(a - b) <= tol * abs(b), (i, a, b)
 
 
-@pytest.mark.parametrize("name", ["sp_dp2", "sp_pp2_fe"])
+@pytest.mark.parametrize("name", ["sp_dp2", "sp_pp2_fe", "llama"])
 def test_sequence_parallel_layouts_match_single_process(runs, name):
-    _close(runs[name][0], runs["reference"])
+    _close(runs[name][0], runs["llama_reference" if name == "llama" else "reference"])
+
+
+def test_rope_tp_bytes_equal_the_collectives(runs):
+    """The rope lookup is a reduce-scatter (counted R/2) whose gradient is all-gathered."""
+    losses, totals, moved = runs["llama"]
+    assert totals["tp"]["sent"] == totals["tp"]["raw"] == moved > 0
 
 
 def test_tp_bytes_equal_the_collectives(runs):
@@ -223,7 +239,7 @@ def test_tp1_turns_it_off_with_a_note(tiny_corpus):
     assert parse_args(tiny_gpt_argv(tiny_corpus, **TP2), world_size=2).sequence_parallel
 
 
-@pytest.mark.parametrize("name", ["sp_dp2", "rich", "tah"])
+@pytest.mark.parametrize("name", ["sp_dp2", "llama", "rich", "tah"])
 def test_planner_predicts_the_logged_bytes(tiny_corpus, runs, name):
     """plan_compression.py's formulas (channel_bytes) with --sequence-parallel, channel by
     channel, warm-up iterations included."""
@@ -231,7 +247,7 @@ def test_planner_predicts_the_logged_bytes(tiny_corpus, runs, name):
     from megatron.cc.plan.shapes import ModelShape
     from megatron.training.arguments import parse_args
     from megatron.training.auto_compression import layout_of
-    flags = TP2 if name == "sp_dp2" else CODECS[name]
+    flags = {"sp_dp2": TP2, "llama": {**TP2, **LLAMA}}.get(name) or CODECS[name]
     args = parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=4)
     shape, layout = ModelShape.from_args(args.model, 1024), layout_of(args)
     per_iter = [channel_bytes(shape, layout, args.compression, i)
