@@ -19,6 +19,19 @@ warm-up, and
 where (n + m) r >= n m, the sum is exact; validation passes (no grad) are exact and not
 counted, as on the pipeline channels. Bytes per rank: P and Q in fp32, against the message in
 its own dtype.
+
+Sequence parallelism (megatron-core's, --sequence-parallel): between the tensor-parallel
+regions each rank holds a (S/t, B, H) block of the sequence, so the row-parallel sums become
+reduce-scatters (`forward_scatter`, its backward an all-gather, `backward_gather`) and the
+column-parallel layers all-gather their input (megatron-core's own, `count`ed). An all-gather or
+a reduce-scatter of a tensor of n bytes counts n/2 (`gathered_bytes`): in a ring it moves half
+of what an all-reduce of the same tensor moves, at every group size, so the unit stays "an
+all-reduce of that many bytes" and all-reduce = reduce-scatter + all-gather holds in the
+counts. Compressed, a reduce-scatter is the same PowerSGD as the all-reduce (P and Q
+all-reduced whole: orthonormalising P and Q' = M^T P need every row), of which the rank keeps
+its block of rows: the sum it gets is exactly the non-sequence-parallel channel's, but the bytes
+saved halve (the uncompressed reduce-scatter costs half an all-reduce). The norms' weights and
+the row-parallel biases see only the rank's block: `sum_grads` all-reduces their gradients.
 """
 from dataclasses import dataclass
 from typing import Dict, Optional
@@ -28,6 +41,12 @@ import torch.distributed as dist
 
 from megatron.cc.compress.lowrank import orthogonalize_
 from megatron.cc.stats import ChannelStats
+
+
+def gathered_bytes(full: int) -> int:
+    """An all-gather or reduce-scatter of a `full`-byte tensor in the channel's unit (module
+    doc): half an all-reduce of it."""
+    return full // 2
 
 
 @dataclass(frozen=True)
@@ -47,6 +66,9 @@ class TensorParallelReduce:
         self.iteration = 0
         self.qs: Dict[str, torch.Tensor] = {}
 
+    def _rank_size(self):
+        return dist.get_rank(self.group), dist.get_world_size(self.group)
+
     # ------------------------------------------------------------------- sums
     def count(self, nbytes: int) -> None:
         """An all-reduce megatron-core made itself (uncompressible here); call it under the
@@ -61,18 +83,55 @@ class TensorParallelReduce:
     def backward_sum(self, x: torch.Tensor, site: str) -> torch.Tensor:
         return self._sum(x, f"{site}/backward", self.compress["backward"], True)
 
+    def forward_scatter(self, x: torch.Tensor, site: str, training: bool = True) -> torch.Tensor:
+        """Sequence parallelism: this rank's block of rows (dim 0) of the sum of `x`, as
+        megatron-core's reduce_scatter_to_sequence_parallel_region (or --mp-acti-comp's)."""
+        return self._sum(x, f"{site}/forward", self.compress["forward"], training, scatter=True)
+
+    def backward_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """The all-gather along dim 0 that is a reduce-scatter's backward (exact)."""
+        rank, size = self._rank_size()
+        out = torch.empty((x.shape[0] * size,) + tuple(x.shape[1:]), dtype=x.dtype,
+                          device=x.device)
+        dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
+        full = out.numel() * out.element_size()
+        self.stats.add("tp", gathered_bytes(full), gathered_bytes(full))
+        return out
+
+    def sum_grads(self, grads) -> None:
+        """All-reduce (in place, exact, counted) the gradients of parameters every rank holds
+        whole but trained on its sequence block only (sequence parallelism's norms and
+        row-parallel biases), as megatron-core's finalize_model_grads does: one flat message."""
+        grads = list(grads)
+        if not grads:
+            return
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.group)
+        for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            g.copy_(synced)
+        self.stats.add("tp", flat.numel() * flat.element_size(),
+                       flat.numel() * flat.element_size())
+
     def _sum(self, x: torch.Tensor, key: str, how: Optional[LowRankSum],
-             training: bool) -> torch.Tensor:
+             training: bool, scatter: bool = False) -> torch.Tensor:
         raw = x.numel() * x.element_size()
+        counted = gathered_bytes(raw) if scatter else raw
         m = x.shape[-1]
         n = x.numel() // max(m, 1)
         if how is None or not training or self.iteration < how.warm_up_iters \
                 or (n + m) * how.rank >= n * m:
-            # megatron-core's own reduce: the same all-reduce of the same contiguous tensor
+            # megatron-core's own reduce: the same collective of the same contiguous tensor
             x = x.contiguous()
-            dist.all_reduce(x, group=self.group)
+            if scatter:
+                rank, size = self._rank_size()
+                out = torch.empty((x.shape[0] // size,) + tuple(x.shape[1:]), dtype=x.dtype,
+                                  device=x.device)
+                dist.reduce_scatter_tensor(out, x, group=self.group)
+                x = out
+            else:
+                dist.all_reduce(x, group=self.group)
             if training:
-                self.stats.add("tp", raw, raw)
+                self.stats.add("tp", counted, counted)
             return x
         M = x.reshape(n, m).float()
         Q = self.qs.get(key)
@@ -85,7 +144,12 @@ class TensorParallelReduce:
         Q = M.t() @ P
         dist.all_reduce(Q, group=self.group)
         self.qs[key] = Q
-        self.stats.add("tp", (P.numel() + Q.numel()) * 4, raw)
+        self.stats.add("tp", (P.numel() + Q.numel()) * 4, counted)
+        if scatter:   # the rank's sequence block: its rows of the (S B, H) view, S-major
+            rank, size = self._rank_size()
+            rows = n // size
+            shape = (x.shape[0] // size,) + tuple(x.shape[1:])
+            return (P[rank * rows:(rank + 1) * rows] @ Q.t()).to(x.dtype).reshape(shape)
         return (P @ Q.t()).to(x.dtype).reshape(x.shape)
 
     # ------------------------------------------------------------------- state

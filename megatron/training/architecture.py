@@ -117,6 +117,42 @@ def layer_spec(m):
     return spec
 
 
+class SequenceParallelNorm:
+    """torch LayerNorm / RMSNorm for --sequence-parallel.
+
+    megatron-core's WrappedTorchNorm (its norm without apex or Transformer Engine) refuses
+    sequence parallelism because nothing would sum its gradients: each tp rank normalises only
+    its block of the sequence, so its weight and bias gradients are partial. Here they carry
+    `sequence_parallel = True`, as megatron-core's fused and TE norms mark theirs, and the tp
+    channel sums them over the group before the optimizer step (tp_reduce.sum_grads)."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_):
+        norm = torch.nn.LayerNorm if config.normalization == "LayerNorm" else torch.nn.RMSNorm
+        module = norm(hidden_size, eps=eps)
+        for p in module.parameters():
+            p.sequence_parallel = True
+        return module
+
+
+def sequence_parallel_spec(spec, config, pp_rank: int):
+    """The block spec of a sequence-parallel model: `spec`'s torch norms, and the final norm,
+    made SequenceParallelNorm. megatron-core picks the final norm itself from a layer spec, so
+    the block's submodules are spelled out here (its layer count rule, its norm slot).
+    A spec with other norms (Transformer Engine's handle sequence parallelism) is kept."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_block import (TransformerBlockSubmodules,
+                                                             get_num_layers_to_build)
+    sub = spec.submodules
+    if sub.input_layernorm is not WrappedTorchNorm:
+        return spec
+    for name in ("input_layernorm", "pre_mlp_layernorm"):
+        if getattr(sub, name) is WrappedTorchNorm:
+            setattr(sub, name, SequenceParallelNorm)
+    return TransformerBlockSubmodules(
+        layer_specs=[spec] * get_num_layers_to_build(config, pp_rank=pp_rank),
+        layer_norm=SequenceParallelNorm)
+
+
 @torch.no_grad()
 def add_output_layer_bias(model) -> None:
     """Give the (untied) output layer a vocabulary-parallel bias, as GPT-J's lm_head has.

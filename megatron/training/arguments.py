@@ -40,6 +40,12 @@ class ParallelArgs:
               "sequence) of every pipeline message and the receiving stage all-gathers the "
               "slices (Megatron v2.5's default); codecs compress the slice. "
               "--no-scatter-gather-tensors-in-pipeline sends the whole message from every rank.")
+    sequence_parallel: bool = flag(
+        False, "megatron-core's sequence parallelism: between the tensor-parallel regions "
+               "(LayerNorm, dropout, residual) each tp rank holds a 1/tp block of the sequence, "
+               "and the tp all-reduces become all-gathers and reduce-scatters; every pipeline "
+               "message is then the rank's (S/tp, B, H) shard. Off at "
+               "--tensor-model-parallel-size 1, as in Megatron-LM.")
     overlap_grad_reduce: bool = flag(
         False, "Data-parallel gradients (exact and --grad-comp PowerSGD) are synchronised "
                "bucket by bucket as soon as the last micro-batch's backward has produced them, "
@@ -386,9 +392,24 @@ class Args:
         return self.training.num_microbatches(self.dp)
 
     @property
+    def sequence_parallel(self) -> bool:
+        """--sequence-parallel in effect: at tp 1 there is no group to shard over and Megatron-LM
+        turns it off (seed_notes says so at start-up)."""
+        return self.parallel.sequence_parallel and self.tp > 1
+
+    @property
     def scatter_gather(self) -> bool:
-        """Pipeline messages go scattered over the tp ranks (megatron.cc.p2p.ScatterGather)."""
-        return self.parallel.scatter_gather_tensors_in_pipeline and self.tp > 1 and self.pp > 1
+        """Pipeline messages go scattered over the tp ranks (megatron.cc.p2p.ScatterGather).
+        Not with sequence parallelism: the stage output already is the rank's shard."""
+        return self.parallel.scatter_gather_tensors_in_pipeline and self.tp > 1 and \
+            self.pp > 1 and not self.sequence_parallel
+
+    @property
+    def pipeline_seq_length(self) -> int:
+        """Sequence rows of one pipeline message on one tp rank: S/tp with scatter-gather or
+        sequence parallelism, else S (the activation caches hold this many rows per sample)."""
+        split = self.scatter_gather or self.sequence_parallel
+        return self.model.seq_length // (self.tp if split else 1)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -426,6 +447,7 @@ def validate_args(args: Args) -> None:
                           f"--tensor-model-parallel-size slices: --seq-length "
                           f"{args.model.seq_length} is not divisible by {args.tp}; change it or "
                           f"add --no-scatter-gather-tensors-in-pipeline")
+    validate_sequence_parallel(args)
     args.training.validate(args.dp)
     args.data.validate()
     args.compression.validate(pp=args.pp, dp=args.dp, tp=args.tp)
@@ -454,3 +476,32 @@ def validate_args(args: Args) -> None:
         if not cuda_available():
             raise ConfigError("--fp16/--bf16 need GPUs; on CPU train in fp32 (drop the flag)")
     validate_gpu_args(args)
+
+
+def validate_sequence_parallel(args: Args) -> None:
+    """--sequence-parallel's combinations (at tp 1 it is off: nothing to check)."""
+    if not args.sequence_parallel:
+        return
+    if args.model.seq_length % args.tp:
+        raise ConfigError(f"--sequence-parallel shards the sequence over the "
+                          f"--tensor-model-parallel-size ({args.tp}) ranks: --seq-length "
+                          f"{args.model.seq_length} is not divisible by {args.tp}; change it or "
+                          f"drop --sequence-parallel")
+    if args.pp > 1 and not args.parallel.scatter_gather_tensors_in_pipeline:
+        raise ConfigError("--no-scatter-gather-tensors-in-pipeline sends the whole (S, B, H) "
+                          "message from every tp rank, but with --sequence-parallel a stage's "
+                          "output is the rank's (S/tp, B, H) shard and the next stage takes "
+                          "the shard: drop one of the two flags")
+    if args.recompute.distribute_checkpointed_activations:
+        raise ConfigError("--distribute-checkpointed-activations splits stored activations "
+                          "over the tp ranks, which --sequence-parallel already does "
+                          "(megatron-core allows only one): drop one of the two flags")
+    if args.compression.mp_grad_comp:
+        raise ConfigError(
+            "--mp-grad-comp with --sequence-parallel: the column-parallel layers then "
+            "reduce-scatter their input gradient inside megatron-core's linear backward, which "
+            "re-gathers the sequence-sharded input for the weight gradient instead of keeping "
+            "it; taking that reduce-scatter out to compress it would keep the gathered input "
+            "(the memory sequence parallelism saves), and PowerSGD's factors of a "
+            "reduce-scatter are all-reduced whole, which halves its gain. Drop --mp-grad-comp "
+            "(--mp-acti-comp works with --sequence-parallel) or --sequence-parallel")

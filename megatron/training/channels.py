@@ -23,15 +23,18 @@ from megatron.training.transports import data_parallel_group, pipeline_transport
 
 
 def activation_shape(args):
-    """(S, B, H): what crosses a stage boundary in Megatron's seq-first layout."""
-    return (args.model.seq_length, args.training.micro_batch_size, args.model.hidden_size)
+    """(S, B, H): what a stage outputs and the next takes, in Megatron's seq-first layout;
+    with --sequence-parallel the rank's (S/tp, B, H) shard, sent as it is (no scatter-gather)."""
+    seq = args.pipeline_seq_length if args.sequence_parallel else args.model.seq_length
+    return (seq, args.training.micro_batch_size, args.model.hidden_size)
 
 
 def scatter_gather(args, topo):
     """This rank's slice of every pipeline message at tp > 1 (None: whole messages).
 
     The library takes the tensor-parallel group, rank and size from here; see
-    megatron.cc.p2p.ScatterGather for why the slices are along the sequence."""
+    megatron.cc.p2p.ScatterGather for why the slices are along the sequence. With sequence
+    parallelism (args.scatter_gather is False then) the message already is the shard."""
     if not args.scatter_gather:
         return None
     return ScatterGather(topo.tp_group, topo.tp_rank, topo.tp_size)

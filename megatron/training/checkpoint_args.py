@@ -51,7 +51,8 @@ def _megatron_lm_derived(args: dict, layout: dict, consumed_samples: int) -> dic
         "params_dtype": _dtype(m),
         "apply_layernorm_1p": False, "apply_query_key_layer_scaling": False,
         "squared_relu": False, "num_experts": None,
-        "virtual_pipeline_model_parallel_size": None, "sequence_parallel": False,
+        "virtual_pipeline_model_parallel_size": None,
+        "sequence_parallel": bool(par.get("sequence_parallel")) and tp > 1,
         "data_parallel_random_init": False,
         "ckpt_format": "torch", "use_dist_ckpt": False,
     }

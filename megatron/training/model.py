@@ -33,6 +33,7 @@ def transformer_config(args) -> TransformerConfig:
         num_layers=m.num_layers, hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads, ffn_hidden_size=m.ffn_hidden_size,
         tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
+        sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
         attention_dropout=m.attention_dropout, hidden_dropout=m.hidden_dropout,
         layernorm_epsilon=m.layernorm_epsilon, init_method_std=m.init_method_std,
         **architecture.config_kwargs(m, on_gpu),
@@ -57,9 +58,12 @@ def _compat(args, name: str) -> bool:
 def build_gpt_model(args, config: TransformerConfig, padded_vocab_size: int,
                     topo: Topology) -> GPTModel:
     m = args.model
+    spec = layer_spec(_impl(args), base=architecture.layer_spec(m))
+    if config.sequence_parallel:
+        spec = architecture.sequence_parallel_spec(spec, config, topo.pp_rank)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(_impl(args), base=architecture.layer_spec(m)),
+        transformer_layer_spec=spec,
         vocab_size=padded_vocab_size, max_sequence_length=m.max_position_embeddings,
         pre_process=topo.is_first, post_process=topo.is_last, parallel_output=True,
         share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,

@@ -50,9 +50,9 @@ def cache_capacity(args, epoch_samples: Optional[int]) -> int:
 
 
 def slice_seq_length(args) -> int:
-    """Sequence rows of one link's message: S, or S / tp with scatter-gather (the activation
-    caches hold this rank's slice of each sample)."""
-    return args.model.seq_length // (args.tp if args.scatter_gather else 1)
+    """Sequence rows of one link's message: S, or S / tp with scatter-gather or sequence
+    parallelism (the activation caches hold this rank's slice or shard of each sample)."""
+    return args.pipeline_seq_length
 
 
 def forward_codec(args, capacity: int, seed: int, ram_limit: Optional[int], device=None):

@@ -229,6 +229,9 @@ def seed_notes(args) -> List[str]:
     """What rank 0 prints at start-up about flags kept for the seed's scripts."""
     notes = []
     c, comp = args.compat, args.compression
+    if args.parallel.sequence_parallel and args.tp == 1:
+        notes.append("--sequence-parallel at --tensor-model-parallel-size 1: off, as in "
+                     "Megatron-LM (there is no tensor-parallel group to shard the sequence over)")
     if c.data_impl == "infer":
         notes.append("--data-impl infer: the .idx/.bin pairs are always read by memory map")
     gran, method, layers = args.recompute.resolved()

@@ -10,6 +10,18 @@ The first two are taken over here (megatron-core's own reduce switched off on th
 around it: the same all-reduce of the same tensor unless --mp-acti-comp / --mp-grad-comp
 compress it); the last two are counted. The optimizer's grad-norm all-reduce (one float over
 the model-parallel group) is not counted.
+
+With --sequence-parallel (megatron/cc/tp_reduce.py's module doc has the byte unit):
+    row-parallel layers          reduce-scatter of the partial outputs, forward (taken over:
+                                 --mp-acti-comp compresses it); all-gather of the output
+                                 gradient, backward (ours, exact)
+    column-parallel layers       all-gather of the input, forward; in backward the input
+                                 gathered again for the weight gradient and the input gradient
+                                 reduce-scattered (megatron-core's, inside its linear: counted;
+                                 --mp-grad-comp is refused, arguments.validate_sequence_parallel)
+    the embedding                the lookup's all-reduce (learned positions) or reduce-scatter
+                                 (rope), and the all-gather of its gradient (counted)
+    norms and row-parallel biases their gradients all-reduced once per step (sum_grads)
 """
 from typing import Optional
 
@@ -17,7 +29,10 @@ import torch
 from megatron.core.tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear,
                                                   VocabParallelEmbedding)
 
-from megatron.cc.tp_reduce import LowRankSum, TensorParallelReduce
+from megatron.core.models.common.embeddings.language_model_embedding import (
+    LanguageModelEmbedding)
+
+from megatron.cc.tp_reduce import LowRankSum, TensorParallelReduce, gathered_bytes
 
 
 class _ForwardSum(torch.autograd.Function):
@@ -45,6 +60,68 @@ class _BackwardSum(torch.autograd.Function):
         return ctx.reduce.backward_sum(grad, ctx.site), None, None
 
 
+class _ForwardScatter(torch.autograd.Function):
+    """Reduce-scatter along the sequence forward, all-gather backward (megatron's
+    reduce_scatter_to_sequence_parallel_region)."""
+
+    @staticmethod
+    def forward(ctx, x, reduce: TensorParallelReduce, site: str):
+        ctx.reduce = reduce
+        return reduce.forward_scatter(x, site)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.reduce.backward_gather(grad), None, None
+
+
+class _CountBackward(torch.autograd.Function):
+    """Identity; its backward counts `nbytes` of megatron-core's backward collectives."""
+
+    @staticmethod
+    def forward(ctx, x, reduce: TensorParallelReduce, nbytes: int):
+        ctx.reduce, ctx.nbytes = reduce, nbytes
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.reduce.stats.add("tp", ctx.nbytes, ctx.nbytes)
+        return grad, None, None
+
+
+def _scatter_forward_output(reduce, site):
+    def hook(module, inputs, output):
+        out, bias = output
+        if not torch.is_grad_enabled():   # validation: exact, not counted
+            return reduce.forward_scatter(out, site, training=False), bias
+        return _ForwardScatter.apply(out, reduce, site), bias
+    return hook
+
+
+def _count_gathered_input(reduce, tp: int):
+    """A sequence-parallel column-parallel layer: megatron-core all-gathers its input forward,
+    and in backward gathers it again (for the weight gradient) and reduce-scatters the input
+    gradient; the gathered tensor is tp times the rank's block."""
+    def hook(module, args, kwargs):
+        x = args[0]
+        if not torch.is_grad_enabled():
+            return None
+        full = gathered_bytes(x.numel() * x.element_size() * tp)
+        reduce.count(full)
+        return (_CountBackward.apply(x, reduce, 2 * full), *args[1:]), kwargs
+    return hook
+
+
+def _count_embedding_gradient(reduce, tp: int):
+    """The sequence-parallel embedding's output is the rank's block, scattered (or
+    reduce-scattered) from the whole lookup: its gradient is all-gathered in backward."""
+    def hook(module, inputs, output):
+        if not torch.is_grad_enabled():
+            return None
+        return _CountBackward.apply(output, reduce,
+                                    gathered_bytes(output.numel() * output.element_size() * tp))
+    return hook
+
+
 def _sum_forward_output(reduce, site):
     def hook(module, inputs, output):
         out, bias = output
@@ -60,9 +137,12 @@ def _sum_input_gradient(reduce, site):
     return hook
 
 
-def _count_lookup(reduce):
+def _count_lookup(reduce, tp: int):
     def hook(module, inputs, output):
-        reduce.count(output.numel() * output.element_size())
+        if getattr(module, "reduce_scatter_embeddings", False):   # sequence parallel, rope
+            reduce.count(gathered_bytes(output.numel() * output.element_size() * tp))
+        else:
+            reduce.count(output.numel() * output.element_size())
     return hook
 
 
@@ -81,18 +161,40 @@ def build_tp_channel(args, model: torch.nn.Module, group, stats) -> Optional[Ten
         backward=lowrank(c.mp_grad_comp, c.mp_grad_comp_rank, c.mp_grad_comp_warm_up),
         seed=c.comp_seed if c.comp_seed is not None else args.training.seed)
     for name, module in model.named_modules():
-        if isinstance(module, RowParallelLinear) and not module.sequence_parallel:
+        if isinstance(module, RowParallelLinear):
             if not module.skip_bias_add:   # megatron-core adds the bias after its reduce
                 raise ValueError(f"tp channel: {name} adds its bias before the tp sum")
             module.explicit_expert_comm = True   # megatron-core's forward reduce off
-            module.register_forward_hook(_sum_forward_output(reduce, name))
+            module.register_forward_hook(_scatter_forward_output(reduce, name)
+                                         if module.sequence_parallel else
+                                         _sum_forward_output(reduce, name))
+        elif isinstance(module, ColumnParallelLinear) and module.sequence_parallel:
+            module.register_forward_pre_hook(_count_gathered_input(reduce, args.tp),
+                                             with_kwargs=True)
         elif isinstance(module, ColumnParallelLinear) and module.allreduce_dgrad:
             # megatron-core's backward reduce off (neither the fused one nor copy_to's)
             module.allreduce_dgrad, module.disable_grad_reduce = False, True
             module.register_forward_pre_hook(_sum_input_gradient(reduce, name), with_kwargs=True)
         elif isinstance(module, VocabParallelEmbedding):
-            module.register_forward_hook(_count_lookup(reduce))
+            module.register_forward_hook(_count_lookup(reduce, args.tp))
+        elif isinstance(module, LanguageModelEmbedding) and module.config.sequence_parallel:
+            module.register_forward_hook(_count_embedding_gradient(reduce, args.tp))
     return reduce
+
+
+def sequence_parallel_params(model: torch.nn.Module):
+    """Parameters whose gradients sum_grads adds up over the tp group (megatron-core marks
+    them `sequence_parallel`; architecture.SequenceParallelNorm marks the torch norms)."""
+    if not model.config.sequence_parallel:
+        return []
+    return [p for p in model.parameters()
+            if p.requires_grad and getattr(p, "sequence_parallel", False)]
+
+
+def sum_sequence_parallel_grads(reduce: Optional[TensorParallelReduce], params) -> None:
+    """After the dp and emb channels, before the optimizer step (finalize_model_grads' order)."""
+    if reduce is not None and params:
+        reduce.sum_grads(p.main_grad for p in params)
 
 
 def count_cross_entropy(reduce: Optional[TensorParallelReduce], labels: torch.Tensor) -> None:

@@ -34,7 +34,9 @@ from megatron.training.checkpointing import (
 from megatron.training.config_flags import ConfigError
 from megatron.training.mixed_precision import loss_scale_field, loss_scaler, loss_scaling
 from megatron.training.model import build_gpt_model, transformer_config, unwrap
-from megatron.training.tp_channel import build_tp_channel, count_cross_entropy
+from megatron.training.tp_channel import (build_tp_channel, count_cross_entropy,
+                                          sequence_parallel_params,
+                                          sum_sequence_parallel_grads)
 from megatron.training.signals import ExitSignal
 from megatron.training.tokenizer import build_tokenizer
 from megatron.training.topology import Topology, to_device
@@ -124,6 +126,7 @@ class Trainer:
         self.grad_sync = build_grad_sync(args, self.model, self.stats, self.topo, nodes)
         self.tp_channel = build_tp_channel(args, unwrap(self.model), self.topo.tp_group,
                                            self.stats)
+        self.sp_params = sequence_parallel_params(unwrap(self.model))   # --sequence-parallel
         self.writer = self._tensorboard()
         self.run_log = RunLog(args.logging, dist.get_rank() == dist.get_world_size() - 1)
         self.comp_total: Dict[str, Dict[str, int]] = {}   # --check-comp-ratio's running sum
@@ -278,6 +281,7 @@ class Trainer:
             self.tp_channel.iteration = self.iteration
         step = self.forward_backward(self.train_ds, self.consumed_samples % self.epoch_samples)
         self.grad_sync(self.model, self.iteration)
+        sum_sequence_parallel_grads(self.tp_channel, self.sp_params)
         ok, grad_norm, _ = self.optimizer.step()
         self.skipped_iters += 0 if ok else 1  # fp16 overflow: megatron-core skipped the step
         self.grad_sync.after_optimizer_step(self.model, self.iteration)  # parameter-syncing dp modes

@@ -20,7 +20,7 @@ from typing import Dict, Optional
 from megatron.cc.grad_sync.powersgd import worth_compressing
 from megatron.cc.plan.dp_bytes import dp_bytes, embedding_grad_bytes
 from megatron.cc.plan.pp_codecs import backward_codec, forward_codec
-from megatron.cc.plan.shapes import Layout, ModelShape
+from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
 from megatron.cc.policy import is_critical_backward_send
 from megatron.cc.stats import CHANNELS
 
@@ -46,7 +46,7 @@ def activation_message(m: ModelShape, layout: Layout):
     (megatron.cc.p2p.ScatterGather), so tp ranks x the slice = one whole message per replica."""
     import torch
     seq = m.seq_length
-    if layout.scatter_gather and layout.tp > 1 and layout.pp > 1:
+    if (layout.scatter_gather or layout.sequence_parallel) and layout.tp > 1 and layout.pp > 1:
         if seq % layout.tp:
             raise ValueError(f"scatter-gather needs the sequence ({seq}) divisible by tp "
                              f"({layout.tp}); set Layout.scatter_gather=False")
@@ -119,17 +119,50 @@ def tp_bytes(m, layout, c, iteration) -> Optional[Dict[str, float]]:
     n, h = m.seq_length * layout.micro_batch_size, m.hidden_size
     raw = n * h * torch.empty((), dtype=layout.dtype).element_size()
 
+    def lowrank(on, rank, warm_up):
+        return on and iteration >= int(warm_up * layout.train_iters) and (n + h) * rank < n * h
+
     def site(on, rank, warm_up):
-        lowrank = on and iteration >= int(warm_up * layout.train_iters) and (n + h) * rank < n * h
-        return 4 * (n + h) * rank if lowrank else raw
+        return 4 * (n + h) * rank if lowrank(on, rank, warm_up) else raw
 
     fwd = site(c.mp_acti_comp, c.mp_acti_comp_rank, c.mp_acti_comp_warm_up)
     bwd = site(c.mp_grad_comp, c.mp_grad_comp_rank, c.mp_grad_comp_warm_up)
+    if layout.sequence_parallel:
+        on = lowrank(c.mp_acti_comp, c.mp_acti_comp_rank, c.mp_acti_comp_warm_up)
+        return _tp_bytes_sequence_parallel(m, layout, c, raw, fwd if on else None)
     sites = 4 * m.num_layers + 3   # + output layer, embedding lookup, cross entropy
     sent = m.num_layers * 2 * (fwd + bwd) + bwd + raw + 3 * n * 4
     total_raw = (4 * m.num_layers + 2) * raw + 3 * n * 4
     reps = layout.tp * layout.dp * layout.num_microbatches
     return {"sent": reps * sent, "raw": reps * total_raw, "messages": reps * sites}
+
+
+def _tp_bytes_sequence_parallel(m, layout, c, raw: int, compressed_fwd) -> Dict[str, float]:
+    """tp_bytes with --sequence-parallel (megatron/training/tp_channel.py's table; an
+    all-gather or reduce-scatter of an (S, B, H) tensor counts raw / 2, tp_reduce's unit), per
+    micro-batch: each row-parallel layer a reduce-scatter (or --mp-acti-comp's P and Q) and
+    its gradient's all-gather; each column-parallel layer (2 per layer and the output layer)
+    an all-gather forward, a re-gather and a reduce-scatter backward; the embedding's lookup
+    (an all-reduce, with rope a reduce-scatter) and its gradient's all-gather; cross entropy.
+    Per step, sum_grads: the norms' and row-parallel biases' gradients, fp32."""
+    if c.mp_grad_comp:
+        raise ValueError("--mp-grad-comp is refused with --sequence-parallel (see the driver)")
+    half = raw // 2
+    n = m.seq_length * layout.micro_batch_size
+    rows, cols = 2 * m.num_layers, 2 * m.num_layers + 1
+    lookup = raw if m.position_embedding_type == "learned_absolute" else half
+    fwd = half if compressed_fwd is None else compressed_fwd
+    sent = rows * (fwd + half) + cols * 3 * half + lookup + half + 3 * n * 4
+    total_raw = rows * 2 * half + cols * 3 * half + lookup + half + 3 * n * 4
+    messages = 2 * rows + 2 * cols + 2 + 1
+    summed = sum(p.numel for stage in range(layout.pp)
+                 for p in stage_params(m, layout.tp, layout.pp, stage)
+                 if "norm" in p.name or p.name.endswith(("linear_proj.bias", "linear_fc2.bias")))
+    reps, ranks = layout.tp * layout.dp * layout.num_microbatches, layout.tp * layout.dp
+    step = {"sent": 4 * summed * ranks, "raw": 4 * summed * ranks,
+            "messages": layout.pp * ranks if summed else 0}
+    return {"sent": reps * sent + step["sent"], "raw": reps * total_raw + step["raw"],
+            "messages": reps * messages + step["messages"]}
 
 
 def channel_bytes(m: ModelShape, layout: Layout, c, iteration: Optional[int] = None,

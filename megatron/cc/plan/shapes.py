@@ -92,6 +92,9 @@ class Layout:
     scatter_gather: bool = True
     """At tp > 1 each tp rank sends 1/tp of every pipeline message (the driver's default;
     False: --no-scatter-gather-tensors-in-pipeline)."""
+    sequence_parallel: bool = False
+    """--sequence-parallel at tp > 1: pipeline messages are each tp rank's sequence shard, and
+    the tp channel's sums become all-gathers and reduce-scatters (channel_bytes.tp_bytes)."""
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp", "micro_batch_size", "num_microbatches", "train_iters"):
