@@ -191,7 +191,7 @@ class ModelState:
             if key not in sd:
                 raise ValueError(f"no '{key}' in the shard: it was saved with another "
                                  f"--virtual-pipeline-model-parallel-size (model chunks per "
-                                 f"rank); reshard it with tools/checkpoint/reshard.py")
+                                 f"rank); run with the saved one")
             expected = model.state_dict()
             saved = to_model_names(sd[key], expected)   # local <-> Transformer Engine spec
             check_state_matches(saved, expected, sd.get("args"), self.model_args)
@@ -491,8 +491,9 @@ class CheckpointManager:
         if layout.get("vp", 1) != self.args.vp:
             raise ValueError(f"--load {root}: saved with {layout.get('vp', 1)} model chunk(s) "
                              f"per rank (--virtual-pipeline-model-parallel-size), running "
-                             f"{self.args.vp}; reshard it with tools/checkpoint/reshard.py "
-                             f"--target-vp {self.args.vp}")
+                             f"{self.args.vp}; run with the saved chunks, or (to run without "
+                             f"interleaving) convert it with tools/checkpoint/reshard.py, which "
+                             f"reads interleaved checkpoints and writes one chunk per rank")
         self._restore(SHARD, sd, path)
         if c.finetune:
             return

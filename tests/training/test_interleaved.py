@@ -10,6 +10,8 @@ Two spawns in all (the suite is over its time budget): the (1,1,1) reference, an
   (the PREFETCH exchange on gloo): 6 straight iterations, then 3 + save + load + 3, bit for
   bit, with the bytes logged per channel (pp-fwd / pp-bwd summed over the 7 boundaries).
 """
+import os
+
 import pytest
 
 from tests.conftest import tiny_gpt_argv
@@ -66,7 +68,6 @@ def reference(tiny_corpus):
 
 
 def test_interleaved_layouts_compression_and_resume(tiny_corpus, reference, tmp_path):
-    import os
     ckpt = str(tmp_path / "ckpt")
     out = run_distributed(_worker, 4, (tiny_corpus, ckpt), timeout=600)[-1]
     assert len(reference) == 5 and reference[-1] < reference[0]
@@ -90,3 +91,23 @@ def test_interleaved_layouts_compression_and_resume(tiny_corpus, reference, tmp_
     sd = torch.load(shard, weights_only=False)
     assert "model0" in sd and "model1" in sd and "model" not in sd
     assert sd["args"].virtual_pipeline_model_parallel_size == 2
+    _check_tools_read_interleaved(ckpt, tmp_path, sd)
+
+
+def _check_tools_read_interleaved(ckpt, tmp_path, shard0):
+    """reshard.py merges the chunks by Megatron's layer numbering and writes plain shards."""
+    import torch
+    from tools.checkpoint.layout import merge, read_checkpoint
+    from tools.checkpoint.reshard import reshard
+    full = merge(read_checkpoint(ckpt, 3))
+    name = "decoder.layers.{}.mlp.linear_fc1.weight"
+    assert sorted(int(g.split(".")[2]) for g in full.params if g.endswith("fc1.weight")) \
+        == list(range(8))
+    for c in range(2):   # pp rank 0's chunk c holds virtual stage 4 c: layer 4 c
+        assert torch.equal(full.params[name.format(4 * c)], shard0[f"model{c}"][name.format(0)])
+    assert full.optimizer is not None and name.format(4) in full.optimizer
+    out = reshard(ckpt, str(tmp_path / "merged"), 1, 1, iteration=3)
+    merged = torch.load(os.path.join(out, "mp_rank_00", "model_optim_rng.pt"),
+                        weights_only=False)
+    assert torch.equal(merged["model"][name.format(4)], full.params[name.format(4)])
+    assert merged["args"].virtual_pipeline_model_parallel_size is None
