@@ -51,6 +51,7 @@ class Link:
         # gloo then matches activations and gradients apart (NCCL ignores tags; there the
         # schedule posts both kinds in the same order on both ends)
         self.tag = tag
+        self.tagged = (tag,) if tag else ()   # the transport's default tag (0) goes unsaid
         self.leaves_node = leaves_node   # the peer is on another node (counted apart)
         self.codec = codec          # None = always uncompressed
         self.policy = policy        # None = compress every message when a codec is set
@@ -227,13 +228,13 @@ class PipelineChannels:
             raw = x.numel() * x.element_size()
             if msg.train:  # per-iteration training traffic; evaluation is not counted
                 self.stats.add(link.channel, nbytes(payload), raw, link.leaves_node)
-            sends = [(p, link.peer, link.tag) for p in payload]
+            sends = [(p, link.peer) + link.tagged for p in payload]
             if self.probe is not None and link.channel == "pp-bwd" and link.compressed(msg):
                 self.probe.error(link.codec.error(x.shape))
         if recv is not None:
             link, msg = recv
             bufs = link.buffers(self.wire_shape, self.dtype, msg, self.device)
-            recvs = [(b, link.peer, link.tag) for b in bufs]
+            recvs = [(b, link.peer) + link.tagged for b in bufs]
             recv_spec = (link, msg, bufs)
         if self.transport is None:
             self.transport = P2PTransport()

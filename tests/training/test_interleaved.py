@@ -111,3 +111,33 @@ def _check_tools_read_interleaved(ckpt, tmp_path, shard0):
                         weights_only=False)
     assert torch.equal(merged["model"][name.format(4)], full.params[name.format(4)])
     assert merged["args"].virtual_pipeline_model_parallel_size is None
+
+
+@pytest.mark.parametrize("flags,message", [
+    ({"virtual-pipeline-model-parallel-size": 2}, "needs --pipeline-model-parallel-size >= 2"),
+    ({"pipeline-model-parallel-size": 2, "virtual-pipeline-model-parallel-size": 3},
+     "not divisible by --pipeline-model-parallel-size (2) x"),
+    ({"pipeline-model-parallel-size": 2, "virtual-pipeline-model-parallel-size": 2,
+      "global-batch-size": 3}, "must be a multiple of 2"),
+    ({"pipeline-model-parallel-size": 2, "num-layers-per-virtual-pipeline-stage": 3},
+     "must divide the layers per pipeline stage"),
+    ({"pipeline-model-parallel-size": 2, "num-layers-per-virtual-pipeline-stage": 1,
+      "virtual-pipeline-model-parallel-size": 2}, "give one"),
+    ({"pipeline-model-parallel-size": 2, "virtual-pipeline-model-parallel-size": 2,
+      "pp-mode": "gpipe"}, "--pp-mode gpipe with --virtual-pipeline-model-parallel-size 2"),
+])
+def test_interleaving_refusals_name_the_flag(tiny_corpus, flags, message):
+    from megatron.training.arguments import parse_args
+    from megatron.training.config_flags import ConfigError
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=flags.get(
+            "pipeline-model-parallel-size", 1))
+
+
+def test_both_spellings_resolve_to_one_field(tiny_corpus):
+    from megatron.training.arguments import parse_args
+    a = parse_args(tiny_gpt_argv(tiny_corpus, **{"pipeline-model-parallel-size": 2,
+                                                  "num-layers-per-virtual-pipeline-stage": 1}),
+                   world_size=2)
+    assert a.vp == 2 and a.parallel.virtual_pipeline_model_parallel_size == 2
+    assert parse_args(tiny_gpt_argv(tiny_corpus), world_size=1).vp == 1
