@@ -19,6 +19,8 @@ the logged bytes is gloo's own framing plus the log line's all-gather and loss a
     sudo python bench/bench_slow_link.py                       # everything, rates none,100mbit,20mbit
     sudo python bench/bench_slow_link.py --rates none,100mbit,20mbit,5mbit \\
         --configs uncompressed,all-pipeline --iters 6
+    # 1F1B vs interleaved 1F1B (2 model chunks per stage), with and without compression:
+    sudo python bench/bench_slow_link.py --configs uncompressed,all-pipeline --virtual-pipeline 2
     python bench/bench_slow_link.py --replot                   # table + plot from the JSON
 
 Root is needed (namespaces, veth, tc); without it the script stops with one line. The
@@ -72,6 +74,25 @@ CONFIGS: Dict[str, tuple] = {
     "everything": ("both", FP4 + CB + LEP + SC),
 }
 PLACEMENT = {"pp": (2, 1), "dp": (2, 2), "both": (2, 2)}       # placement -> (pp, dp)
+
+
+def with_virtual(names: List[str], vp: Optional[int]) -> List[str]:
+    """--virtual-pipeline N: after each configuration whose pipeline crosses the link, its
+    interleaved twin `<name>-vpN` (N model chunks per stage, the same flags otherwise), so
+    1F1B and interleaved 1F1B run side by side. The model's 4 layers need N in {2, 4} at pp 2,
+    and the micro-batches per replica a multiple of 2."""
+    if not vp or vp == 1:
+        return names
+    out = []
+    for name in names:
+        out.append(name)
+        placement, flags = CONFIGS[name]
+        if placement in ("pp", "both") and "-vp" not in name:
+            twin = f"{name}-vp{vp}"
+            CONFIGS[twin] = (placement, flags + ["--virtual-pipeline-model-parallel-size",
+                                                 str(vp)])
+            out.append(twin)
+    return out
 CROSSING = {"pp": ("pp-fwd", "pp-bwd"), "dp": ("dp",), "both": ("pp-fwd", "pp-bwd", "dp")}
 OVERLAP_FLAGS = ["--overlap-p2p-comm", "--overlap-grad-reduce"]
 _RATE = re.compile(r"^\d+(\.\d+)?(kbit|mbit|gbit)$")
@@ -480,9 +501,13 @@ def main(argv=None) -> int:
                    help="directory of the runs' full logs")
     p.add_argument("--fresh", action="store_true", help="start a new JSON instead of adding to it")
     p.add_argument("--replot", action="store_true", help="only redraw table and plot from the JSON")
+    p.add_argument("--virtual-pipeline", type=int, default=None, metavar="N",
+                   help="also run each pipeline configuration interleaved, N model chunks per "
+                        "stage (rows <name>-vpN): step time of 1F1B vs interleaved 1F1B")
     a = p.parse_args(argv)
     try:
         rates, names = parse_rates(a.rates), parse_configs(a.configs)
+        names = with_virtual(names, a.virtual_pipeline)
     except ValueError as e:
         sys.exit(f"bench_slow_link: {e}")
     if a.skip < 1 or a.iters < a.skip + 2:
@@ -492,6 +517,10 @@ def main(argv=None) -> int:
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "slow_link.json")
     records = [] if a.fresh else load(path)
+    for r in records:   # interleaved rows of an earlier run: known configurations again
+        m = re.match(r"^(.*)-vp(\d+)$", r["config"])
+        if m and m.group(1) in CONFIGS:
+            with_virtual([m.group(1)], int(m.group(2)))
     if a.replot:
         print(report(records, a.out))
         return 0

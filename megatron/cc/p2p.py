@@ -43,9 +43,15 @@ class Link:
     """One direction across one stage boundary, seen from one end."""
 
     def __init__(self, channel: str, peer: int, codec=None,
-                 policy: Optional[Callable[[Message], bool]] = None, leaves_node: bool = False):
+                 policy: Optional[Callable[[Message], bool]] = None, leaves_node: bool = False,
+                 tag: int = 0):
         self.channel = channel
         self.peer = peer            # global rank of the other end
+        # p2p tag: interleaved at pp = 2 both kinds cross each pair in each direction, and
+        # gloo then matches activations and gradients apart (NCCL ignores tags; there the
+        # schedule posts both kinds in the same order on both ends)
+        self.tag = tag
+        self.tagged = (tag,) if tag else ()   # the transport's default tag (0) goes unsaid
         self.leaves_node = leaves_node   # the peer is on another node (counted apart)
         self.codec = codec          # None = always uncompressed
         self.policy = policy        # None = compress every message when a codec is set
@@ -222,13 +228,13 @@ class PipelineChannels:
             raw = x.numel() * x.element_size()
             if msg.train:  # per-iteration training traffic; evaluation is not counted
                 self.stats.add(link.channel, nbytes(payload), raw, link.leaves_node)
-            sends = [(p, link.peer) for p in payload]
+            sends = [(p, link.peer) + link.tagged for p in payload]
             if self.probe is not None and link.channel == "pp-bwd" and link.compressed(msg):
                 self.probe.error(link.codec.error(x.shape))
         if recv is not None:
             link, msg = recv
             bufs = link.buffers(self.wire_shape, self.dtype, msg, self.device)
-            recvs = [(b, link.peer) for b in bufs]
+            recvs = [(b, link.peer) + link.tagged for b in bufs]
             recv_spec = (link, msg, bufs)
         if self.transport is None:
             self.transport = P2PTransport()
@@ -244,6 +250,11 @@ class PipelineChannels:
         if self.sg is not None:
             out = self.sg.gather(out, self.shape)
         return out.requires_grad_(link.channel == "pp-fwd")
+
+    def chunk(self, c: int) -> "PipelineChannels":
+        """The links of model chunk `c` (one chunk: these)."""
+        assert c == 0, "one model chunk"
+        return self
 
     def recv_forward(self, msg: Message) -> Optional[torch.Tensor]:
         return None if self.prev_fwd is None else self._exchange(None, (self.prev_fwd, msg))
@@ -278,3 +289,49 @@ class PipelineChannels:
             key = f"{l.channel}->{l.peer}"
             if l.codec is not None and key in sd:
                 l.codec.load_state_dict(sd[key])
+
+
+class InterleavedChannels:
+    """The pipeline channels of a rank holding several model chunks (interleaved 1F1B).
+
+    `chunks[c]` holds chunk c's own links, codecs and codec state, one per direction and
+    neighbour: virtual stage c pp + r receives from c pp + r - 1 (on rank 0: the last rank's
+    chunk c - 1, over the wrap-around link) and sends to c pp + r + 1. Every batch is posted
+    through chunk 0's object (a batch may hold one chunk's send and another's receive; all
+    share the transport, stats, scatter-gather and shapes), so the byte counts sum per
+    channel over the chunk boundaries. Checkpoint state is kept per chunk.
+    """
+
+    def __init__(self, chunks: List[PipelineChannels]):
+        self.chunks = chunks
+
+    def chunk(self, c: int) -> PipelineChannels:
+        return self.chunks[c]
+
+    def post(self, send, recv) -> PendingExchange:
+        return self.chunks[0].post(send, recv)
+
+    @property
+    def transport(self):
+        return self.chunks[0].transport
+
+    @property
+    def stats(self):
+        return self.chunks[0].stats
+
+    def links(self) -> List[Link]:
+        return [l for ch in self.chunks for l in ch.links()]
+
+    def close(self) -> None:
+        for ch in self.chunks:
+            ch.close()
+
+    def state_dict(self) -> dict:
+        return {f"chunk{c}": ch.state_dict() for c, ch in enumerate(self.chunks)}
+
+    def load_state_dict(self, sd: dict) -> None:
+        for c, ch in enumerate(self.chunks):
+            if f"chunk{c}" not in sd:
+                raise ValueError(f"no pipeline codec state for model chunk {c}: the checkpoint "
+                                 f"was saved with another --virtual-pipeline-model-parallel-size")
+            ch.load_state_dict(sd[f"chunk{c}"])

@@ -36,11 +36,41 @@ message pattern: stage s only ever waits on one neighbour per phase. Forward-onl
 (evaluation) are the warm-up alone; pp = 1 is the degenerate case with no links (warm-up 0:
 forward and backward of each micro-batch in turn, nothing posted).
 
+Interleaved 1F1B (Megatron's virtual pipeline, `Schedule.virtual_stages` = vp > 1): each rank
+holds vp model chunks, chunk c on pp rank r being virtual stage c pp + r, so chunk c's output
+on the last rank goes to chunk c + 1 of rank 0 (the ring wraps). The ops are Megatron's
+interleaved order (megatron.cc.policy.interleaved_table: groups of pp micro-batches through
+chunk 0, then chunk 1, ...; backwards the same with chunks reversed; warm-up (pp - r - 1) 2 +
+(vp - 1) pp forwards, capped at M vp), and every op names its chunk, whose links
+(`channels.chunk(c)`: its own codecs, caches and error buffers per direction) carry its
+messages. Two rules differ from vp = 1:
+- SYNC and PAIRED post every send in one batch with the next op's receive (Megatron's
+  send_forward_recv_forward and friends), not only in the steady phase: with the wrap-around
+  link the last rank may be sending to rank 0 while rank 0 sends to rank 1, and on gloo a
+  send completes only once its receive is posted, so a lone send there would wait forever.
+  Interleaved SYNC also keeps one send in flight: a send is waited for when the rank posts
+  its next one, not before its next compute. Megatron avoids that by posting rank 0's
+  wrap-around receives when the last rank sends (not when rank 0 needs them) and buffering
+  the tensors; our loop posts each receive for the op that consumes it, and waiting each
+  send at once then deadlocks as soon as the steady phase spans two groups of micro-batches.
+  Receives are still waited for before the compute that needs them, so every message that
+  compute depends on crosses while the rank idles, as in SYNC at vp = 1.
+  tests/cc/test_interleaved_schedule.py runs the loop of every rank against links that
+  complete a send only once its receive is posted, for every mode, and finds no deadlock.
+- Epilogue-only CB decides per chunk boundary: a backward send is compressed when its sender
+  computes it as the last backward of its steady phase or in its cool-down, counted over the
+  rank's whole interleaved op list (policy.is_critical_interleaved_send). "Epilogue" is thus
+  the tail of the rank's backward list across its chunks, not each chunk's last micro-batch.
+At pp = 2 each pair of ranks exchanges both activations and gradients in each direction; the
+links then carry a tag per direction (Link.tag) so that gloo matches each kind on its own.
+GPipe with interleaving is refused by the driver.
+
 A `StageStep` supplies the stage's computation:
     forward(input_tensor | None, microbatch) -> output tensor (last stage: the scalar loss,
         already divided by the number of micro-batches)
     backward(input_tensor, output_tensor, output_grad | None) -> input grad | None
     sample_ids(microbatch) -> (B,) int64
+Interleaved, forward takes the chunk too: forward(input_tensor | None, microbatch, chunk).
 """
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple
@@ -48,7 +78,8 @@ from typing import Dict, List, NamedTuple
 import torch
 
 from megatron.cc.p2p import Message, PipelineChannels
-from megatron.cc.policy import num_warmup_microbatches
+from megatron.cc.policy import (interleaved_backward, interleaved_table, num_warmup_interleaved,
+                                num_warmup_microbatches)
 
 SYNC, PAIRED, PREFETCH = "sync", "paired", "prefetch"
 
@@ -56,10 +87,12 @@ SYNC, PAIRED, PREFETCH = "sync", "paired", "prefetch"
 @dataclass(frozen=True)
 class Schedule:
     """How one step runs: `exchange` (SYNC, PAIRED or PREFETCH, see above), `gpipe` (warm-up
-    M), `forward_only` (forwards alone, uncompressed messages: evaluation)."""
+    M), `forward_only` (forwards alone, uncompressed messages: evaluation), `virtual_stages`
+    (model chunks per rank: vp > 1 is interleaved 1F1B)."""
     exchange: str = SYNC
     gpipe: bool = False
     forward_only: bool = False
+    virtual_stages: int = 1
 
 
 class Op(NamedTuple):
@@ -71,14 +104,29 @@ class Op(NamedTuple):
     chunk: int = 0
 
 
-def _order(M: int, warmup: int, forward_only: bool) -> List[Op]:
-    """The compute order, and the one place a (chunk, micro-batch) is assigned to each step."""
+def _order(M: int, warmup: int, forward_only: bool, fwd=None, bwd=None) -> List[Op]:
+    """The compute order, and the one place a (chunk, micro-batch) is assigned to each step.
+
+    `fwd[k]` / `bwd[k]`: (chunk, micro-batch) of the k-th forward / backward (None: chunk 0,
+    micro-batch k); M is then the number of ops of each kind."""
+    def op(forward: bool, k: int, steady: bool = False) -> Op:
+        table = fwd if forward else bwd
+        chunk, mb = (0, k) if table is None else table[k]
+        return Op(forward, mb, steady, chunk)
     if forward_only:
-        return [Op(True, mb) for mb in range(M)]
-    steady = [Op(fwd, warmup + i if fwd else i, True)
-              for i in range(M - warmup) for fwd in (True, False)]
-    return ([Op(True, mb) for mb in range(warmup)] + steady
-            + [Op(False, mb) for mb in range(M - warmup, M)])
+        return [op(True, k) for k in range(M)]
+    steady = [op(f, warmup + i if f else i, True) for i in range(M - warmup) for f in (True, False)]
+    return ([op(True, k) for k in range(warmup)] + steady
+            + [op(False, k) for k in range(M - warmup, M)])
+
+
+def interleaved_order(M: int, pp_rank: int, pp_size: int, vp: int,
+                      forward_only: bool = False) -> List[Op]:
+    """Megatron's interleaved 1F1B op list of one rank (see the module docstring)."""
+    total = M * vp
+    warmup = total if forward_only else num_warmup_interleaved(pp_rank, pp_size, vp, M)
+    return _order(total, warmup, forward_only, interleaved_table(M, vp, pp_size),
+                  interleaved_backward(M, vp, pp_size))
 
 
 def run_backward(input_tensor, output_tensor, output_grad):
@@ -92,6 +140,10 @@ def run_backward(input_tensor, output_tensor, output_grad):
 def forward_backward(step, channels: PipelineChannels, num_microbatches: int, iteration: int,
                      pp_rank: int, pp_size: int, schedule: Schedule = Schedule()) -> None:
     M = num_microbatches
+    if schedule.virtual_stages > 1:
+        ops = interleaved_order(M, pp_rank, pp_size, schedule.virtual_stages,
+                                schedule.forward_only)
+        return _Loop(step, channels, iteration, schedule).run(ops)
     gpipe = schedule.gpipe and pp_size > 1   # one stage: nothing to pipeline
     warmup = M if gpipe or schedule.forward_only else num_warmup_microbatches(pp_rank, pp_size, M)
     _Loop(step, channels, iteration, schedule).run(_order(M, warmup, schedule.forward_only))
@@ -101,9 +153,11 @@ class _Loop:
     def __init__(self, step, channels: PipelineChannels, iteration: int, schedule: Schedule):
         self.step, self.ch, self.iteration = step, channels, iteration
         self.exchange, self.train = schedule.exchange, not schedule.forward_only
+        self.vp = schedule.virtual_stages
         self.saved: Dict = {}     # (chunk, micro-batch) -> (input, output), kept for backward
         self.sends: List = []     # posted sends whose wait is deferred to the end of the step
         self.recvs: Dict = {}     # step index -> its posted receive (None: nothing to receive)
+        self.last = None          # interleaved SYNC: the send in flight, waited at the next
 
     def run(self, ops: List[Op]) -> None:
         prefetch = self.exchange == PREFETCH
@@ -116,21 +170,30 @@ class _Loop:
             if prefetch and op.forward:
                 self._prefetch(ops, i, True)   # crosses the link while we compute this one
             y = self._compute(op, got)
-            link = self.ch.next_fwd if op.forward else self.ch.prev_bwd
+            ch = self._links(op)
+            link = ch.next_fwd if op.forward else ch.prev_bwd
             send = None if link is None else (link, y, self._msg(op))
             nxt = ops[i + 1] if i + 1 < len(ops) else None
-            if not prefetch and op.steady and nxt is not None and nxt.steady:
+            # interleaved: every send goes with the next receive (see the module docstring)
+            paired = op.steady and nxt is not None and nxt.steady or self.vp > 1
+            if not prefetch and nxt is not None and paired:
                 self.recvs[i + 1] = self._post(send, self._recv(nxt))
             else:
                 self._post(send, None)
             if prefetch and not op.forward:   # once this gradient is out, the next one's
                 self._prefetch(ops, i, False)
-        for h in self.sends:
-            h.wait_send()
+        for h in self.sends + [self.last]:
+            if h is not None:
+                h.wait_send()
+
+    def _links(self, op: Op):
+        """The links of the op's chunk (vp = 1: the channels themselves)."""
+        return self.ch.chunk(op.chunk) if self.vp > 1 else self.ch
 
     def _compute(self, op: Op, got):
         if op.forward:
-            y = self.step.forward(got, op.microbatch)
+            chunk = (op.chunk,) if self.vp > 1 else ()
+            y = self.step.forward(got, op.microbatch, *chunk)
             if self.train:
                 self.saved[op.chunk, op.microbatch] = (got, y)
             return y
@@ -142,7 +205,8 @@ class _Loop:
                        sample_ids=self.step.sample_ids(op.microbatch), train=self.train)
 
     def _recv(self, op: Op):
-        link = self.ch.prev_fwd if op.forward else self.ch.next_bwd
+        ch = self._links(op)
+        link = ch.prev_fwd if op.forward else ch.next_bwd
         return None if link is None else (link, self._msg(op))
 
     def _prefetch(self, ops: List[Op], i: int, forward: bool) -> None:
@@ -156,7 +220,11 @@ class _Loop:
         if send is None and recv is None:
             return None
         h = self.ch.post(send, recv)
-        if self.exchange == SYNC:
+        if self.exchange == SYNC and self.vp > 1:
+            if self.last is not None:
+                self.last.wait_send()
+            self.last = h if send is not None else self.last
+        elif self.exchange == SYNC:
             h.wait_send()
         elif send is not None:
             self.sends.append(h)

@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-Transfer = Tuple[torch.Tensor, int]   # (tensor, peer's global rank)
+Transfer = Tuple[torch.Tensor, int]   # (tensor, peer's global rank[, tag])
 
 
 class P2PTransport:
@@ -35,16 +35,20 @@ class P2PTransport:
         """Post every send and receive together without waiting: (send handles, receive
         handles), each with `wait()`. A staged receive's handle copies the pinned buffer up
         to its destination when waited for."""
-        host_sends = [(self._to_host(t), p) if self._staged(t) else (t, p) for t, p in sends]
-        host_recvs = [(_pinned_like(t), p) if self._staged(t) else (t, p) for t, p in recvs]
-        if any(self._staged(t) for t, _ in sends):
+        sends = [(t[0], t[1], t[2] if len(t) > 2 else 0) for t in sends]
+        recvs = [(t[0], t[1], t[2] if len(t) > 2 else 0) for t in recvs]
+        host_sends = [(self._to_host(t), p, g) if self._staged(t) else (t, p, g)
+                      for t, p, g in sends]
+        host_recvs = [(_pinned_like(t), p, g) if self._staged(t) else (t, p, g)
+                      for t, p, g in recvs]
+        if any(self._staged(t) for t, _, _ in sends):
             torch.cuda.current_stream().synchronize()  # the pinned copies must be complete
-        ops = [dist.P2POp(dist.isend, t, p, group=self.group) for t, p in host_sends]
-        ops += [dist.P2POp(dist.irecv, t, p, group=self.group) for t, p in host_recvs]
+        ops = [dist.P2POp(dist.isend, t, p, group=self.group, tag=g) for t, p, g in host_sends]
+        ops += [dist.P2POp(dist.irecv, t, p, group=self.group, tag=g) for t, p, g in host_recvs]
         reqs = dist.batch_isend_irecv(ops) if ops else []
         # the staged send buffers live as long as their handles
-        send_reqs = [_Staged(r, host) for r, (host, _) in zip(reqs[:len(sends)], host_sends)]
-        recv_reqs = [_Staged(r, src, dst) for r, (dst, _), (src, _)
+        send_reqs = [_Staged(r, host) for r, (host, _, _) in zip(reqs[:len(sends)], host_sends)]
+        recv_reqs = [_Staged(r, src, dst) for r, (dst, _, _), (src, _, _)
                      in zip(reqs[len(sends):], recvs, host_recvs)]
         return send_reqs, recv_reqs
 

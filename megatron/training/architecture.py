@@ -134,7 +134,7 @@ class SequenceParallelNorm:
         return module
 
 
-def sequence_parallel_spec(spec, config, pp_rank: int):
+def sequence_parallel_spec(spec, config, pp_rank: int, vp_stage=None):
     """The block spec of a sequence-parallel model: `spec`'s torch norms, and the final norm,
     made SequenceParallelNorm. megatron-core picks the final norm itself from a layer spec, so
     the block's submodules are spelled out here (its layer count rule, its norm slot).
@@ -143,13 +143,13 @@ def sequence_parallel_spec(spec, config, pp_rank: int):
     from megatron.core.transformer.transformer_block import (TransformerBlockSubmodules,
                                                              get_num_layers_to_build)
     sub = spec.submodules
-    if sub.input_layernorm is not WrappedTorchNorm:
+    if sub.input_layernorm not in (WrappedTorchNorm, SequenceParallelNorm):
         return spec
     for name in ("input_layernorm", "pre_mlp_layernorm"):
         if getattr(sub, name) is WrappedTorchNorm:
             setattr(sub, name, SequenceParallelNorm)
     return TransformerBlockSubmodules(
-        layer_specs=[spec] * get_num_layers_to_build(config, pp_rank=pp_rank),
+        layer_specs=[spec] * get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank),
         layer_norm=SequenceParallelNorm)
 
 

@@ -31,6 +31,15 @@ class ParallelArgs:
         10, "Timeout (minutes) of every collective, process-group creation and start-up "
             "handshake; a rank stuck longer fails with the name of the collective.")
     # ---- communication overlap; off = the synchronous reference path
+    # ---- interleaved 1F1B (Megatron's virtual pipeline); resolved to the one field below
+    virtual_pipeline_model_parallel_size: Optional[int] = flag(
+        None, "Model chunks per pipeline rank (interleaved 1F1B): chunk c of rank r holds "
+              "virtual stage c x pp + r; the pipeline bubble shrinks by this factor. Needs "
+              "pp >= 2, --num-layers divisible by pp x this, and micro-batches per step a "
+              "multiple of pp.")
+    num_layers_per_virtual_pipeline_stage: Optional[int] = flag(
+        None, "Megatron-LM v2.5 spelling: layers per model chunk; "
+              "--virtual-pipeline-model-parallel-size = --num-layers / pp / this.")
     overlap_p2p_comm: bool = flag(
         False, "Pipeline sends are posted and waited for only at the end of the step, and "
                "(gloo) each receive is posted one micro-batch before it is needed, so transfers "
@@ -70,6 +79,51 @@ class ParallelArgs:
         if self.ddp_bucket_size is not None and not self.overlap_grad_reduce:
             raise ConfigError("--ddp-bucket-size cuts the gradients for --overlap-grad-reduce; "
                               "add --overlap-grad-reduce or drop it")
+
+    def resolve_virtual(self, num_layers: int) -> None:
+        """Fold --num-layers-per-virtual-pipeline-stage into the vp size (Megatron's rule)."""
+        per = self.num_layers_per_virtual_pipeline_stage
+        if per is None:
+            return
+        pp = self.pipeline_model_parallel_size
+        if self.virtual_pipeline_model_parallel_size is not None:
+            raise ConfigError("--num-layers-per-virtual-pipeline-stage and "
+                              "--virtual-pipeline-model-parallel-size both set the model chunks "
+                              "per rank; give one")
+        if per < 1 or num_layers % pp or (num_layers // pp) % per:
+            raise ConfigError(f"--num-layers-per-virtual-pipeline-stage ({per}) must divide the "
+                              f"layers per pipeline stage (--num-layers {num_layers} / "
+                              f"--pipeline-model-parallel-size {pp})")
+        self.virtual_pipeline_model_parallel_size = num_layers // pp // per
+
+    @property
+    def vp(self) -> int:
+        """Model chunks per rank (1: plain 1F1B; a size of 1 is the same schedule)."""
+        return self.virtual_pipeline_model_parallel_size or 1
+
+    def validate_virtual(self, num_layers: int, num_microbatches: int) -> None:
+        """Megatron's refusals for interleaving (megatron-core 0.16.1 schedules.py: the
+        micro-batch group, pp by default, must fit M and leave no remainder)."""
+        vp, pp = self.virtual_pipeline_model_parallel_size, self.pipeline_model_parallel_size
+        if vp is None:
+            return
+        flag_name = "--virtual-pipeline-model-parallel-size"
+        if vp < 1:
+            raise ConfigError(f"{flag_name} must be >= 1 (got {vp})")
+        if vp > 1 and pp < 2:
+            raise ConfigError(f"{flag_name} {vp} interleaves pipeline stages: it needs "
+                              f"--pipeline-model-parallel-size >= 2 (got {pp}); drop it or add "
+                              f"pipeline stages")
+        if num_layers % (pp * vp):
+            raise ConfigError(f"--num-layers ({num_layers}) is not divisible by "
+                              f"--pipeline-model-parallel-size ({pp}) x {flag_name} ({vp}) = "
+                              f"{pp * vp}; change the layers or the chunks per rank")
+        if vp > 1 and num_microbatches % pp:
+            raise ConfigError(f"interleaved 1F1B ({flag_name} {vp}) runs micro-batches in groups "
+                              f"of --pipeline-model-parallel-size ({pp}): the micro-batches per "
+                              f"step (global batch / (micro batch x dp) = {num_microbatches}) "
+                              f"must be a multiple of {pp}; change --global-batch-size or "
+                              f"--micro-batch-size")
 
     def data_parallel_size(self, world_size: int) -> int:
         return world_size // (self.tensor_model_parallel_size * self.pipeline_model_parallel_size)
@@ -398,6 +452,11 @@ class Args:
         return self.parallel.sequence_parallel and self.tp > 1
 
     @property
+    def vp(self) -> int:
+        """Model chunks per pipeline rank (interleaved 1F1B when > 1)."""
+        return self.parallel.vp
+
+    @property
     def scatter_gather(self) -> bool:
         """Pipeline messages go scattered over the tp ranks (megatron.cc.p2p.ScatterGather).
         Not with sequence parallelism: the stage output already is the rank's shard."""
@@ -440,6 +499,7 @@ def parse_args(argv=None, world_size: Optional[int] = None) -> Args:
 
 def validate_args(args: Args) -> None:
     args.parallel.validate(args.world_size)
+    args.parallel.resolve_virtual(args.model.num_layers)
     validate_seed_flags(args)
     args.model.validate(args.tp, args.pp)
     if args.scatter_gather and args.model.seq_length % args.tp:
@@ -449,6 +509,8 @@ def validate_args(args: Args) -> None:
                           f"add --no-scatter-gather-tensors-in-pipeline")
     validate_sequence_parallel(args)
     args.training.validate(args.dp)
+    args.parallel.validate_virtual(args.model.num_layers, args.num_microbatches)
+    validate_interleaving(args)
     args.data.validate()
     args.compression.validate(pp=args.pp, dp=args.dp, tp=args.tp)
     validate_auto_args(args)
@@ -505,3 +567,25 @@ def validate_sequence_parallel(args: Args) -> None:
             "(the memory sequence parallelism saves), and PowerSGD's factors of a "
             "reduce-scatter are all-reduced whole, which halves its gain. Drop --mp-grad-comp "
             "(--mp-acti-comp works with --sequence-parallel) or --sequence-parallel")
+
+
+def validate_interleaving(args: Args) -> None:
+    """What interleaved 1F1B does not compose with (each refused by name)."""
+    if args.vp == 1:
+        return
+    vp = f"--virtual-pipeline-model-parallel-size {args.vp}"
+    refused = [
+        (args.compat.pp_mode == "gpipe", "--pp-mode gpipe",
+         "GPipe runs every forward before any backward: there is nothing to interleave; use "
+         "--pp-mode 1f1b"),
+        (args.compat.rampup_batch_size is not None, "--rampup-batch-size",
+         "the ramp changes the micro-batches per step, which interleaving needs to stay a "
+         "multiple of pp"),
+        (args.compression.compression == "auto", "--compression auto",
+         "the planner models plain 1F1B only; give the compression flags by hand"),
+        (args.compression.check_orth_error_acti, "--check-orth-error-acti",
+         "the diagnostic watches one stage boundary; run it without interleaving"),
+    ]
+    for bad, name, why in refused:
+        if bad:
+            raise ConfigError(f"{name} with {vp}: {why}")

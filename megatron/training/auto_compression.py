@@ -47,6 +47,7 @@ def layout_of(args) -> Layout:
     dtype = torch.bfloat16 if m.bf16 else torch.float16 if m.fp16 else torch.float32
     return Layout(args.tp, args.pp, args.dp, args.training.micro_batch_size,
                   args.num_microbatches, dtype, args.training.train_iters,
+                  virtual_stages=args.vp,
                   scatter_gather=args.parallel.scatter_gather_tensors_in_pipeline,
                   sequence_parallel=args.sequence_parallel)
 

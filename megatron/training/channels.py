@@ -12,7 +12,7 @@ from megatron.cc.grad_sync.hetero import HeteroDelay
 from megatron.cc.grad_sync.randomized_svd import RandomizedSVDDataParallelSync
 from megatron.cc.compress import get_codec
 from megatron.cc.diagnostics import OrthogonalityProbe
-from megatron.cc.p2p import Link, PipelineChannels, ScatterGather
+from megatron.cc.p2p import InterleavedChannels, Link, PipelineChannels, ScatterGather
 from megatron.cc.policy import BackwardCompressionPolicy
 from megatron.cc.speed import CompSpeed, TimedCodec
 from megatron.training.dp_modes import build_dp_mode_sync
@@ -66,22 +66,24 @@ def backward_codec(c, seed: int):
                      power_iters=c.inter_grad_comp_power_iters)
 
 
-def backward_policy(args, sender_stage: int) -> BackwardCompressionPolicy:
+def backward_policy(args, sender_stage: int, sender_chunk: int = 0) -> BackwardCompressionPolicy:
     c = args.compression
     return BackwardCompressionPolicy(
         sender_stage=sender_stage, pp=args.pp, num_microbatches=args.num_microbatches,
         warmup_iters=int(c.inter_grad_comp_warm_up * args.training.train_iters),
-        epilogue_only=c.inter_grad_comp_epilogue_only)
+        epilogue_only=c.inter_grad_comp_epilogue_only, sender_chunk=sender_chunk, vp=args.vp)
 
 
-def build_pipeline_channels(args, config, stats, topo, epoch_samples=None,
-                            nodes=None) -> PipelineChannels:
+def build_pipeline_channels(args, config, stats, topo, epoch_samples=None, nodes=None):
     """This stage's ends of the fwd/bwd links; both ends of a link build identical codecs.
 
     `epoch_samples`: samples in one pass over the training split (--warmup-epochs and the
     default activation-cache size need it). `nodes`: every rank's node (nodes.node_of_ranks),
-    for counting what leaves the node apart; None: one node.
+    for counting what leaves the node apart; None: one node. Interleaved (vp > 1): one
+    PipelineChannels per model chunk, in an InterleavedChannels.
     """
+    if args.vp > 1:
+        return build_interleaved_channels(args, config, stats, topo, epoch_samples, nodes)
     stage, first, last = topo.pp_rank, topo.is_first, topo.is_last
     c, seed = args.compression, comp_seed(args)
     links = {}
@@ -99,17 +101,71 @@ def build_pipeline_channels(args, config, stats, topo, epoch_samples=None,
                                      backward_policy(args, sender_stage=stage + 1),
                                      leaves_node=out)
     attach_codecs(args, links, topo, epoch_samples)   # AC-SGD / TAH-Quant codecs and warm-up
+    channels = _channels(args, config, stats, topo, links)
+    if c.check_orth_error_acti and last and not first:
+        channels.probe = OrthogonalityProbe(stats)
+    return channels
+
+
+def _channels(args, config, stats, topo, links, transport=None) -> PipelineChannels:
     speed = speed_meter(args, stats)
     for link in links.values():
         if speed is not None and link.codec is not None:
             link.codec = TimedCodec(link.codec, speed, link.channel)
-    channels = PipelineChannels(activation_shape(args), config.pipeline_dtype, stats,
-                                transport=pipeline_transport(args),
-                                scatter_gather=scatter_gather(args, topo),
-                                device=topo.device, **links)
-    if c.check_orth_error_acti and last and not first:
-        channels.probe = OrthogonalityProbe(stats)
-    return channels
+    return PipelineChannels(activation_shape(args), config.pipeline_dtype, stats,
+                            transport=transport or pipeline_transport(args),
+                            scatter_gather=scatter_gather(args, topo),
+                            device=topo.device, **links)
+
+
+def chunk_neighbours(pp_rank: int, pp: int, chunk: int, vp: int):
+    """(sender chunk of the activation chunk `chunk` of rank `pp_rank` receives, sender chunk of
+    the gradient it receives); None where there is no such link. Virtual stage v = chunk pp +
+    rank takes activations from v - 1 and gradients from v + 1: on rank 0 the previous one is
+    the last rank's chunk - 1 (the wrap-around link), on the last rank the next one is rank
+    0's chunk + 1."""
+    v, last = chunk * pp + pp_rank, pp * vp - 1
+    prev = None if v == 0 else (v - 1) // pp
+    nxt = None if v == last else (v + 1) // pp
+    return prev, nxt
+
+
+def build_interleaved_channels(args, config, stats, topo, epoch_samples=None,
+                               nodes=None) -> InterleavedChannels:
+    """Interleaved 1F1B: for every model chunk its own four link ends (virtual stage c pp + r
+    to its neighbours, the wrap-around ones included), with their own codecs, caches, error
+    buffers and policies, i.e. codec state per (chunk, direction). Both ends of each
+    boundary build the same codec from the same (sender rank, sender chunk)."""
+    c, seed, vp = args.compression, comp_seed(args), args.vp
+    prev, nxt, me = topo.prev_rank, topo.next_rank, topo.rank
+    # at pp = 2 prev == next: both kinds cross each pair both ways, gloo tells them by tag
+    bwd_tag = 1 if args.pp == 2 else 0
+    n_fwd = sum(x is not None for ch in range(vp)
+                for x in chunk_neighbours(topo.pp_rank, args.pp, ch, vp))
+    transport = pipeline_transport(args)   # one for every chunk (collective with --pp-backend)
+    chunks = []
+    for ch in range(vp):
+        from_prev, from_next = chunk_neighbours(topo.pp_rank, args.pp, ch, vp)
+        links, senders = {}, {}
+        if from_prev is not None:
+            out = spans_nodes(nodes, (me, prev))
+            links["prev_fwd"] = Link("pp-fwd", prev, leaves_node=out)
+            links["prev_bwd"] = Link("pp-bwd", prev, backward_codec(c, seed),
+                                     backward_policy(args, topo.pp_rank, ch),
+                                     leaves_node=out, tag=bwd_tag)
+            senders.update(prev_fwd=from_prev, prev_bwd=ch)
+        if from_next is not None:
+            out = spans_nodes(nodes, (me, nxt))
+            links["next_fwd"] = Link("pp-fwd", nxt, leaves_node=out)
+            links["next_bwd"] = Link("pp-bwd", nxt, backward_codec(c, seed),
+                                     backward_policy(args, (topo.pp_rank + 1) % args.pp,
+                                                     from_next),
+                                     leaves_node=out, tag=bwd_tag)
+            senders.update(next_fwd=ch, next_bwd=from_next)
+        attach_codecs(args, links, topo, epoch_samples, sender_chunks=senders,
+                      num_caches=n_fwd)
+        chunks.append(_channels(args, config, stats, topo, links, transport))
+    return InterleavedChannels(chunks)
 
 
 def overlapped(dp, args):

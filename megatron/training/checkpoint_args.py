@@ -51,7 +51,8 @@ def _megatron_lm_derived(args: dict, layout: dict, consumed_samples: int) -> dic
         "params_dtype": _dtype(m),
         "apply_layernorm_1p": False, "apply_query_key_layer_scaling": False,
         "squared_relu": False, "num_experts": None,
-        "virtual_pipeline_model_parallel_size": None,
+        # interleaved runs store their chunks as model0, model1, ... (Megatron-LM's keys)
+        "virtual_pipeline_model_parallel_size": par.get("virtual_pipeline_model_parallel_size"),
         "sequence_parallel": bool(par.get("sequence_parallel")) and tp > 1,
         "data_parallel_random_init": False,
         "ckpt_format": "torch", "use_dist_ckpt": False,
@@ -97,7 +98,9 @@ def args_from_megatron_lm(ns: argparse.Namespace) -> dict:
     dp = getattr(ns, "data_parallel_size", None) or 1
     return {
         "model": _model_from_megatron_lm(ns),
-        "parallel": {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp},
+        "parallel": {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                     "virtual_pipeline_model_parallel_size":
+                         getattr(ns, "virtual_pipeline_model_parallel_size", None)},
         "data": {k: getattr(ns, k, None) for k in ("tokenizer_type", "vocab_file", "merge_file",
                                                     "tokenizer_model")},
         "world_size": getattr(ns, "world_size", None) or tp * pp * dp,

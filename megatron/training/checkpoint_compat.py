@@ -72,23 +72,24 @@ def normalize_shard(sd: dict, dir_name: str) -> dict:
     """A loaded model_optim_rng.pt in our in-memory form: args as our dict and, for a file
     Megatron-LM wrote, the layout and progress keys ours carry. Returns a new dict."""
     sd = dict(sd)
-    if "model" not in sd and "model0" in sd:
-        raise ValueError(f"{dir_name}: an interleaved (virtual pipeline) Megatron-LM checkpoint "
-                         f"(model0, model1, ...); only one model chunk per stage is read")
+    chunks = [k for k in sd if re.fullmatch(r"model\d+", k)]   # interleaved: model0, model1..
     if "layout" in sd:
         sd["args"] = args_dict(sd.get("args"))
         return sd
     ranks = parse_shard_dir(dir_name)
     ns = sd.get("args")
-    if ranks is None or ns is None or isinstance(ns, dict) or "model" not in sd:
+    if ranks is None or ns is None or isinstance(ns, dict) or not ("model" in sd or chunks):
         return sd   # not ours, not Megatron-LM's: the caller names what is missing
     args = args_from_megatron_lm(ns)
     tp = args["parallel"]["tensor_model_parallel_size"]
     sd["args"] = args
+    models = [sd["model"]] if "model" in sd else [sd[f"model{c}"] for c in range(len(chunks))]
+    rows = next((r for r in (_padded_rows(m, tp) for m in models) if r is not None), None)
     sd["layout"] = {"tp": tp, "pp": args["parallel"]["pipeline_model_parallel_size"],
                     "tp_rank": ranks[0], "pp_rank": ranks[1],
-                    "padded_vocab_size": getattr(ns, "padded_vocab_size", None)
-                    or _padded_rows(sd["model"], tp)}
+                    "padded_vocab_size": getattr(ns, "padded_vocab_size", None) or rows}
+    if len(chunks) > 1:
+        sd["layout"]["vp"] = len(chunks)
     sd["consumed_samples"] = getattr(ns, "consumed_train_samples", 0) or 0
     sd.update(optimizer=None, optimizer_by_name=None)   # its positional state: not read
     sd.setdefault("opt_param_scheduler", None)

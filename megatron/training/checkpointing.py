@@ -42,7 +42,7 @@ from megatron.training.async_save import AsyncWriter, HostSnapshot
 from megatron.training.checkpoint_io import fsync_dir, safe_load, write_file
 from megatron.training.checkpoint_select import (  # noqa: F401  (re-exported for tools/)
     LATEST, choose_checkpoint, committed_iterations, iter_dir, read_latest)
-from megatron.training.model import global_param_names, unwrap
+from megatron.training.model import chunks_of, global_param_names, unwrap
 from megatron.training.topology import Topology, cuda_available
 
 # 2: per-file .sha256 checksums, loadable with weights_only=True. 3: Megatron-LM's layout
@@ -199,6 +199,12 @@ class OptimizerState:
                 each.grad_scaler.load_state_dict(sd["grad_scaler"])
 
 
+def model_keys(num_chunks: int) -> list:
+    """Where a shard file keeps its model: 'model', or one 'model<c>' per chunk when
+    interleaved (Megatron-LM's keys), each a chunk's own state dict."""
+    return ["model"] if num_chunks == 1 else [f"model{c}" for c in range(num_chunks)]
+
+
 class ModelState:
     """The model shard's weights; loading also refreshes bf16/fp16's fp32 main weights.
 
@@ -214,14 +220,20 @@ class ModelState:
     def state_dict(self) -> dict:
         if self.gathers:   # megatron-core's forward pre-hook then finds nothing left to wait for
             self.model.start_param_sync(force_sync=True)
-        return {"model": unwrap(self.model).state_dict()}
+        chunks = chunks_of(self.model)
+        return {k: c.state_dict() for k, c in zip(model_keys(len(chunks)), chunks)}
 
     def load_state_dict(self, sd: dict) -> None:
-        model = unwrap(self.model)
-        expected = model.state_dict()
-        saved = to_model_names(sd["model"], expected)   # local <-> Transformer Engine spec
-        check_state_matches(saved, expected, sd.get("args"), self.model_args)
-        model.load_state_dict(saved, strict=True)
+        chunks = chunks_of(self.model)
+        for key, model in zip(model_keys(len(chunks)), chunks):
+            if key not in sd:
+                raise ValueError(f"no '{key}' in the shard: it was saved with another "
+                                 f"--virtual-pipeline-model-parallel-size (model chunks per "
+                                 f"rank); run with the saved one")
+            expected = model.state_dict()
+            saved = to_model_names(sd[key], expected)   # local <-> Transformer Engine spec
+            check_state_matches(saved, expected, sd.get("args"), self.model_args)
+            model.load_state_dict(saved, strict=True)
         self.optimizer.reload_model_params()
 
 
@@ -346,6 +358,8 @@ class CheckpointManager:
         self.layout = {"tp": args.tp, "pp": args.pp, "tp_rank": self.tp_rank,
                        "pp_rank": self.pp_rank, "padded_vocab_size": padded_vocab_size,
                        "vocab_size": vocab_size}
+        if args.vp > 1:   # interleaved: model0, model1, ... in the shard
+            self.layout["vp"] = args.vp
         self.registry: Dict[str, Dict[str, Stateful]] = {SHARD: {}, RANK: {}, COMPONENT: {}}
         self.register("progress", progress, SHARD)
         self.writer = AsyncWriter()
@@ -517,6 +531,12 @@ class CheckpointManager:
             raise ValueError(f"--load {root}: saved at tp={layout['tp']} pp={layout['pp']}, "
                              f"running tp={self.args.tp} pp={self.args.pp}; reshard it with "
                              f"tools/checkpoint/reshard.py")
+        if layout.get("vp", 1) != self.args.vp:
+            raise ValueError(f"--load {root}: saved with {layout.get('vp', 1)} model chunk(s) "
+                             f"per rank (--virtual-pipeline-model-parallel-size), running "
+                             f"{self.args.vp}; run with the saved chunks, or (to run without "
+                             f"interleaving) convert it with tools/checkpoint/reshard.py, which "
+                             f"reads interleaved checkpoints and writes one chunk per rank")
         self._restore(SHARD, sd, path)
         if c.finetune:
             return

@@ -29,6 +29,7 @@ def initialize_distributed(args) -> Topology:
                            f"{dist.get_world_size()} ranks")
     ps.initialize_model_parallel(
         tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
+        virtual_pipeline_model_parallel_size=args.vp if args.vp > 1 else None,
         distributed_timeout_minutes=args.parallel.distributed_timeout_minutes)
     set_seeds(args.training.seed)
     return Topology.from_parallel_state()

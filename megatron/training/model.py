@@ -34,6 +34,8 @@ def transformer_config(args) -> TransformerConfig:
         num_attention_heads=m.num_attention_heads, ffn_hidden_size=m.ffn_hidden_size,
         tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
         sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
+        # interleaved 1F1B: megatron-core numbers each chunk's layers from this and vp_stage
+        virtual_pipeline_model_parallel_size=_vp(args) if _vp(args) > 1 else None,
         attention_dropout=m.attention_dropout, hidden_dropout=m.hidden_dropout,
         layernorm_epsilon=m.layernorm_epsilon, init_method_std=m.init_method_std,
         **architecture.config_kwargs(m, on_gpu),
@@ -50,25 +52,43 @@ def transformer_config(args) -> TransformerConfig:
            else {}))
 
 
+def _vp(args) -> int:
+    return getattr(args, "vp", 1)
+
+
 def _compat(args, name: str) -> bool:
     """A Megatron-LM v2.5 compatibility flag (seed_flags.CompatArgs), False when absent."""
     return bool(getattr(getattr(args, "compat", None), name, False))
 
 
 def build_gpt_model(args, config: TransformerConfig, padded_vocab_size: int,
-                    topo: Topology) -> GPTModel:
+                    topo: Topology):
+    """This rank's model: a GPTModel, or with interleaving (vp > 1) its ModelChunks."""
+    if _vp(args) > 1:
+        return ModelChunks([_build_chunk(args, config, padded_vocab_size, topo, c)
+                            for c in range(_vp(args))])
+    return _build_chunk(args, config, padded_vocab_size, topo, None)
+
+
+def _build_chunk(args, config: TransformerConfig, padded_vocab_size: int, topo: Topology,
+                 vp_stage) -> GPTModel:
+    """One GPTModel; `vp_stage` (interleaved): its chunk index. Chunk c of pp rank r holds
+    virtual stage c pp + r's layers, as megatron-core numbers them (layer_number), so the
+    seed-keyed init and the checkpoint names see the layers' global indices."""
     m = args.model
+    chunk = 0 if vp_stage is None else vp_stage
     spec = layer_spec(_impl(args), base=architecture.layer_spec(m))
     if config.sequence_parallel:
-        spec = architecture.sequence_parallel_spec(spec, config, topo.pp_rank)
+        spec = architecture.sequence_parallel_spec(spec, config, topo.pp_rank, vp_stage)
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
         vocab_size=padded_vocab_size, max_sequence_length=m.max_position_embeddings,
-        pre_process=topo.is_first, post_process=topo.is_last, parallel_output=True,
+        pre_process=topo.chunk_is_first(chunk), post_process=topo.chunk_is_last(chunk),
+        parallel_output=True,
         share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
         position_embedding_type=m.position_embedding_type, rotary_percent=m.rotary_percent,
-        rotary_base=m.rotary_base)
+        rotary_base=m.rotary_base, **({} if vp_stage is None else {"vp_stage": vp_stage}))
     if m.output_layer_bias:
         architecture.add_output_layer_bias(model)
     init_weights_by_seed(model, args.training.seed, args.model.init_method_std,
@@ -79,6 +99,54 @@ def build_gpt_model(args, config: TransformerConfig, padded_vocab_size: int,
     # The optimizer keeps fp32 main weights of all of them.
     # Built and initialised on the CPU, trained on the rank's GPU.
     return model.to(device=topo.device, dtype=config.params_dtype)
+
+
+class ModelChunks(torch.nn.Module):
+    """The model chunks of one rank under interleaved 1F1B, as one module.
+
+    Megatron-LM keeps a list of chunks, each in its own DDP; here the chunks sit in one
+    module under one DDP, so the grad buffers, the optimizer, the dp channels and the
+    parameter-syncing modes see one model, as at vp = 1. `chunk` picks which runs. The
+    embedding lives in chunk 0 of pp rank 0, the output layer in the last chunk of the last
+    rank: the attributes below are theirs, so the emb channel (plain or fused) finds the
+    tied weight through shared_embedding_weight as it does for a GPTModel.
+    """
+
+    def __init__(self, chunks):
+        super().__init__()
+        self.chunks = torch.nn.ModuleList(chunks)
+
+    @property
+    def config(self):
+        return self.chunks[0].config
+
+    @property
+    def share_embeddings_and_output_weights(self) -> bool:
+        return self.chunks[0].share_embeddings_and_output_weights
+
+    @property
+    def pre_process(self) -> bool:
+        return self.chunks[0].pre_process
+
+    @property
+    def post_process(self) -> bool:
+        return self.chunks[-1].post_process
+
+    def shared_embedding_or_output_weight(self):
+        return (self.chunks[0] if self.pre_process else self.chunks[-1]) \
+            .shared_embedding_or_output_weight()
+
+    def set_input_tensor(self, input_tensor, chunk: int = 0) -> None:
+        self.chunks[chunk].set_input_tensor(input_tensor)
+
+    def forward(self, *inputs, chunk: int = 0, **kwargs):
+        return self.chunks[chunk](*inputs, **kwargs)
+
+
+def chunks_of(model):
+    """The GPTModels of a (wrapped) model: [model] at vp = 1."""
+    m = unwrap(model)
+    return list(m.chunks) if isinstance(m, ModelChunks) else [m]
 
 
 def _impl(args) -> str:
@@ -95,8 +163,14 @@ def global_param_names(model: GPTModel) -> Iterator[Tuple[str, str, torch.nn.Par
     """(local name, name in the unsplit model, parameter).
 
     The global name replaces the local layer index with the layer's index in the whole
-    network, and names a tied output weight after the embedding it duplicates.
+    network, and names a tied output weight after the embedding it duplicates. ModelChunks:
+    every chunk's, local names prefixed with chunks.<c>.
     """
+    if isinstance(model, ModelChunks):
+        for c, chunk in enumerate(model.chunks):
+            for name, gname, param in global_param_names(chunk):
+                yield f"chunks.{c}.{name}", gname, param
+        return
     layers = getattr(getattr(model, "decoder", None), "layers", [])
     offsets = {i: layer.layer_number - 1 for i, layer in enumerate(layers)}
     for name, param in model.named_parameters():

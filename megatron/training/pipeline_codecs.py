@@ -89,9 +89,11 @@ def fixpoint_backward_codec(args, seed: int):
                      seed=seed, scheme=c.quant_scheme)
 
 
-def _seed(args, sender_rank: int, channel: str) -> int:
-    """Stochastic-rounding seed of one link: both ends know its sender's global rank."""
-    return args.training.seed + 7919 * sender_rank + (1 if channel == "pp-bwd" else 0)
+def _seed(args, sender_rank: int, channel: str, sender_chunk: int = 0) -> int:
+    """Stochastic-rounding seed of one link: both ends know its sender's global rank (and,
+    interleaved, the sender's model chunk: each chunk boundary draws its own stream)."""
+    return (args.training.seed + 7919 * sender_rank + (1 if channel == "pp-bwd" else 0)
+            + 1000003 * sender_chunk)
 
 
 def _ram_limit(n_caches: int) -> Optional[int]:
@@ -101,25 +103,31 @@ def _ram_limit(n_caches: int) -> Optional[int]:
     return None if avail is None else avail // max(1, local * n_caches)
 
 
-def attach_codecs(args, links: Dict[str, Link], topo,
-                  epoch_samples: Optional[int] = None) -> None:
+def attach_codecs(args, links: Dict[str, Link], topo, epoch_samples: Optional[int] = None,
+                  sender_chunks: Optional[Dict[str, int]] = None,
+                  num_caches: Optional[int] = None) -> None:
     """Give this stage's link ends their AC-SGD / TAH codecs and warm-up policies (in place).
 
-    Raises ConfigError naming the link when an activation cache does not fit.
+    Interleaved, this runs once per model chunk: `sender_chunks` maps each link to the model
+    chunk of its sender (seeds), `num_caches` is the rank's fwd link ends over all chunks
+    (the RAM share of each activation cache). Raises ConfigError naming the link when an
+    activation cache does not fit.
     """
+    chunk_of = sender_chunks or {}
     c = args.compression
     rank, me = topo.pp_rank, topo.rank
     warm = warmup_iters(args, epoch_samples)
     fwd_links = [k for k in ("prev_fwd", "next_fwd") if k in links]
     capacity = cache_capacity(args, epoch_samples) if c.activation_cache else 0
-    ram_limit = _ram_limit(len(fwd_links)) if c.activation_cache else None
+    ram_limit = _ram_limit(num_caches or len(fwd_links)) if c.activation_cache else None
     for key in fwd_links:
         link = links[key]
         sender = me if key == "next_fwd" else link.peer
         role = "sender" if key == "next_fwd" else "receiver"
         try:
-            link.codec = forward_codec(args, capacity, _seed(args, sender, "pp-fwd"), ram_limit,
-                                       topo.device)
+            link.codec = forward_codec(args, capacity,
+                                       _seed(args, sender, "pp-fwd", chunk_of.get(key, 0)),
+                                       ram_limit, topo.device)
         except CacheTooLarge as e:
             raise ConfigError(f"[rank {me}] stage {rank} pp-fwd {role} end: {e}") from None
         link.policy = WarmupPolicy(warm) if warm else None
@@ -133,7 +141,8 @@ def attach_codecs(args, links: Dict[str, Link], topo,
             continue
         sender = me if key == "prev_bwd" else link.peer
         if c.backward_compress_method == "fixpoint":
-            link.codec = fixpoint_backward_codec(args, _seed(args, sender, "pp-bwd"))
+            link.codec = fixpoint_backward_codec(
+                args, _seed(args, sender, "pp-bwd", chunk_of.get(key, 0)))
             link.policy = WarmupPolicy(warm) if warm else None
         elif link.codec is not None and warm:  # CB: also uncompressed during the warm-up
             link.policy.warmup_iters = max(link.policy.warmup_iters, warm)

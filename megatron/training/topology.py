@@ -49,8 +49,8 @@ class Topology:
     tp_size: int
     pp_rank: int                  # the pipeline stage
     pp_size: int
-    is_first: bool                # stage 0: embeds the tokens
-    is_last: bool                 # computes the loss
+    is_first: bool                # stage 0: embeds the tokens (interleaved: in its chunk 0)
+    is_last: bool                 # computes the loss (interleaved: in its last chunk)
     prev_rank: int                # global ranks of the previous and next stage (wrapping)
     next_rank: int
     dp_rank: int
@@ -63,6 +63,15 @@ class Topology:
     pp_group: Any = None
     dp_group: Any = None
     emb_group: Any = None         # the tied embedding's (first and last stage only)
+    vp_size: int = 1              # model chunks on this rank (interleaved 1F1B when > 1)
+
+    def chunk_is_first(self, chunk: int) -> bool:
+        """Does model chunk `chunk` hold virtual stage 0 (the embedding)?"""
+        return self.is_first and chunk == 0
+
+    def chunk_is_last(self, chunk: int) -> bool:
+        """Does model chunk `chunk` hold the last virtual stage (output layer and loss)?"""
+        return self.is_last and chunk == self.vp_size - 1
 
     @property
     def collective_device(self) -> torch.device:
@@ -88,4 +97,5 @@ class Topology:
             dp_ranks=tuple(dist.get_process_group_ranks(dp_group)),
             device=rank_device(), backend=dist.get_backend(),
             tp_group=ps.get_tensor_model_parallel_group(), pp_group=pp_group, dp_group=dp_group,
-            emb_group=ps.get_embedding_group(check_initialized=False) if first or last else None)
+            emb_group=ps.get_embedding_group(check_initialized=False) if first or last else None,
+            vp_size=ps.get_virtual_pipeline_model_parallel_world_size() or 1)

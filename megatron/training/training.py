@@ -74,15 +74,18 @@ class StageStep:
     def sample_ids(self, mb: int) -> torch.Tensor:
         return self.t.batches.sample_ids(self.consumed, mb, self.t.topo.dp_rank)
 
-    def forward(self, input_tensor, mb: int):
+    def forward(self, input_tensor, mb: int, chunk: Optional[int] = None):
+        """`chunk`: the model chunk to run (interleaved 1F1B; None: the one model)."""
         model, M = self.t.model, self.t.batches.num_microbatches
-        first, last = self.t.topo.is_first, self.t.topo.is_last
+        c = chunk or 0
+        first, last = self.t.topo.chunk_is_first(c), self.t.topo.chunk_is_last(c)
         batch = to_device(data_mod.collate(self.dataset, self.sample_ids(mb)),
                           self.t.topo.device) if first or last else {}
-        unwrap(model).set_input_tensor(input_tensor)
+        which = {} if chunk is None else {"chunk": chunk}
+        unwrap(model).set_input_tensor(input_tensor, **which)
         with torch.set_grad_enabled(not self.forward_only):
             out = model(batch.get("tokens") if first else None,
-                        batch.get("position_ids") if first else None, None)
+                        batch.get("position_ids") if first else None, None, **which)
             if not last:
                 return out
             per_token = self.t.lm_loss(out, batch["labels"])   # (B, S)
@@ -262,7 +265,7 @@ class Trainer:
             exchange = PREFETCH if prefetch_receives(self.channels.transport) else PAIRED
         forward_backward(step, self.channels, self.batches.num_microbatches, self.iteration,
                          self.topo.pp_rank, self.args.pp,
-                         Schedule(exchange, gpipe, forward_only))
+                         Schedule(exchange, gpipe, forward_only, virtual_stages=self.args.vp))
         return step
 
     def _set_batch_size(self) -> None:

@@ -173,3 +173,15 @@ def test_a_periodic_dp_mode_is_measured_per_sync_net_of_the_quiet_traffic(tmp_pa
     rec = dict(r, config="sparseloco-dp", rate="20mbit", overlap=True, placement="dp")
     text = bsl.periodic_table([base, rec])
     assert "| 20mbit | sparseloco-dp | overlap | 175 | 1.094x | 2 | 4.9 | 4.9 | 1.0100 |" in text
+
+
+def test_virtual_pipeline_adds_interleaved_twins():
+    names = bsl.with_virtual(["uncompressed", "sc16", "all-pipeline"], 2)
+    assert names == ["uncompressed", "uncompressed-vp2", "sc16", "all-pipeline",
+                     "all-pipeline-vp2"]
+    placement, flags = bsl.CONFIGS["all-pipeline-vp2"]
+    assert placement == "pp" and flags[-2:] == ["--virtual-pipeline-model-parallel-size", "2"]
+    assert flags[:-2] == bsl.CONFIGS["all-pipeline"][1]
+    from megatron.training.arguments import parse_args
+    argv = bsl.MODEL + ["--pipeline-model-parallel-size", "2", "--global-batch-size", "32"]
+    assert parse_args(argv + flags, world_size=2).vp == 2   # the bench's model accepts it

@@ -89,15 +89,23 @@ def layers_per_stage(num_layers: int, pp: int) -> int:
     return num_layers // pp
 
 
-def to_global(local: str, pp_rank: int, pp: int, num_layers: int, tied: bool) -> str:
-    """Name in the unsplit model of a local state_dict key of stage pp_rank."""
+def to_global(local: str, pp_rank: int, pp: int, num_layers: int, tied: bool,
+              chunk: int = 0, vp: int = 1) -> str:
+    """Name in the unsplit model of a local state_dict key of stage pp_rank (interleaved:
+    of its model chunk `chunk` of `vp`, which holds virtual stage chunk pp + pp_rank)."""
     m = _LAYER.match(local)
     if m:
-        return f"decoder.layers.{int(m.group(1)) + pp_rank * layers_per_stage(num_layers, pp)}." \
-               f"{m.group(2)}"
+        per = layers_per_stage(num_layers, pp * vp)
+        return f"decoder.layers.{int(m.group(1)) + (chunk * pp + pp_rank) * per}.{m.group(2)}"
     if local == OUTPUT and tied:
         return WORD_EMB
     return local
+
+
+def model_keys(sd: dict) -> List[str]:
+    """The shard's model entries: 'model', or 'model0', 'model1', ... when interleaved."""
+    vp = sd.get("layout", {}).get("vp", 1) if isinstance(sd, dict) else 1
+    return ["model"] if vp == 1 else [f"model{c}" for c in range(vp)]
 
 
 def stage_keys(gnames: List[str], pp_rank: int, pp: int, num_layers: int, tied: bool
@@ -208,12 +216,14 @@ def load_shard_file(path: str, trust: bool = False) -> dict:
             sd = normalize_shard(sd, os.path.basename(os.path.dirname(path)))
         except (ValueError, TypeError) as e:
             raise CheckpointError(f"{path}: {e}") from None
-    missing = [k for k in ("model", "layout", "args", "iteration") if not isinstance(sd, dict)
+    keys = model_keys(sd)
+    missing = [k for k in keys + ["layout", "args", "iteration"] if not isinstance(sd, dict)
                or k not in sd]
     if missing:
         raise CheckpointError(f"{path} is not a megatron-cc or Megatron-LM model_optim_rng.pt "
                               f"(no {', '.join(missing)})")
-    sd["model"] = to_local_names(sd["model"])
+    for k in keys:
+        sd[k] = to_local_names(sd[k])
     return sd
 
 
@@ -298,6 +308,33 @@ def _merge_state(states: List[dict], gname: str, glu: bool = False) -> dict:
     return out
 
 
+def _merge_stage(tp_sds, optims, p, chunk, vp, pp, num_layers, tied, glu, params, extra,
+                 optim) -> None:
+    """One stage's (interleaved: one model chunk's) tensors over its tp ranks, into params."""
+    for local in tp_sds[0]:
+        g = to_global(local, p, pp, num_layers, tied, chunk, vp)
+        if local.endswith("_extra_state"):
+            extra.setdefault(g, tp_sds[0][local])
+            continue
+        try:
+            pieces = [sd[local] for sd in tp_sds]
+        except KeyError:
+            raise CheckpointError(f"stage {p}: {local} is in tp rank 0's shard but not in "
+                                  f"every other tp rank's; mismatched shards") from None
+        value = _cat(pieces, g, glu)
+        if g in params:  # the tied output weight on the last stage duplicates the embedding
+            if not torch.equal(params[g], value):
+                _warn(f"the last stage's output_layer.weight differs from {g} on stage 0 "
+                      f"(max |diff| {(params[g].float() - value.float()).abs().max():.3g});"
+                      f" keeping stage 0's")
+            continue
+        params[g] = value
+        if optim is not None:
+            states = [o.get(g) for o in optims]
+            if all(s is not None for s in states):
+                optim[g] = _merge_state(states, g, glu)
+
+
 def merge(ckpt: ShardedCheckpoint, progress: bool = False) -> FullCheckpoint:
     """All shards -> one FullCheckpoint (unsplit tensors by global name)."""
     first = ckpt.shards[(0, 0)]
@@ -309,31 +346,13 @@ def merge(ckpt: ShardedCheckpoint, progress: bool = False) -> FullCheckpoint:
     extra: Dict[str, object] = {}
     has_optim = all(sd.get("optimizer_by_name") is not None for sd in ckpt.shards.values())
     optim: Optional[Dict[str, dict]] = {} if has_optim else None
+    vp = first["layout"].get("vp", 1)   # interleaved: model0, model1, ... per shard
     for p in _progress(range(ckpt.pp), "merging stages", progress, "stage"):
-        tp_sds = [ckpt.shards[(t, p)] for t in range(ckpt.tp)]
-        for local in tp_sds[0]["model"]:
-            if local.endswith("_extra_state"):
-                extra.setdefault(to_global(local, p, ckpt.pp, num_layers, tied),
-                                 tp_sds[0]["model"][local])
-                continue
-            g = to_global(local, p, ckpt.pp, num_layers, tied)
-            try:
-                pieces = [sd["model"][local] for sd in tp_sds]
-            except KeyError:
-                raise CheckpointError(f"stage {p}: {local} is in tp rank 0's shard but not in "
-                                      f"every other tp rank's; mismatched shards") from None
-            value = _cat(pieces, g, glu)
-            if g in params:  # the tied output weight on the last stage duplicates the embedding
-                if not torch.equal(params[g], value):
-                    _warn(f"the last stage's output_layer.weight differs from {g} on stage 0 "
-                          f"(max |diff| {(params[g].float() - value.float()).abs().max():.3g});"
-                          f" keeping stage 0's")
-                continue
-            params[g] = value
-            if optim is not None:
-                states = [sd["optimizer_by_name"].get(g) for sd in tp_sds]
-                if all(s is not None for s in states):
-                    optim[g] = _merge_state(states, g, glu)
+        for c, key in enumerate(model_keys(first)):
+            tp_sds = [ckpt.shards[(t, p)][key] for t in range(ckpt.tp)]
+            optims = [ckpt.shards[(t, p)].get("optimizer_by_name") for t in range(ckpt.tp)]
+            _merge_stage(tp_sds, optims, p, c, vp, ckpt.pp, num_layers, tied, glu, params,
+                         extra, optim)
     return FullCheckpoint(
         params=params, args=first["args"], padded_vocab_size=first["layout"]["padded_vocab_size"],
         vocab_size=first["layout"].get("vocab_size"), optimizer=optim,
@@ -415,6 +434,9 @@ def retarget_args(args: dict, tp: int, pp: int) -> dict:
     old = par["tensor_model_parallel_size"] * par["pipeline_model_parallel_size"]
     dp = max(1, out.get("world_size", old) // old)
     par["tensor_model_parallel_size"], par["pipeline_model_parallel_size"] = tp, pp
+    # the shards written hold one model chunk per stage (interleaved ones are merged)
+    par["virtual_pipeline_model_parallel_size"] = None
+    par["num_layers_per_virtual_pipeline_stage"] = None
     out["world_size"] = tp * pp * dp
     return out
 

@@ -21,7 +21,7 @@ from megatron.cc.grad_sync.powersgd import worth_compressing
 from megatron.cc.plan.dp_bytes import dp_bytes, embedding_grad_bytes
 from megatron.cc.plan.pp_codecs import backward_codec, forward_codec
 from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
-from megatron.cc.policy import is_critical_backward_send
+from megatron.cc.policy import is_critical_backward_send, is_critical_interleaved_send
 from megatron.cc.stats import CHANNELS
 
 Totals = Dict[str, Dict[str, float]]
@@ -63,7 +63,7 @@ def pp_fwd_bytes(m, layout, c, iteration, warm: int) -> Dict[str, float]:
     shape, dtype, raw = activation_message(m, layout)
     codec = forward_codec(c)
     one = codec.payload_nbytes(shape, dtype) if codec is not None and iteration >= warm else raw
-    n = (layout.pp - 1) * layout.num_microbatches * layout.tp * layout.dp
+    n = layout.boundaries * layout.num_microbatches * layout.tp * layout.dp
     return {"sent": n * one, "raw": n * raw, "messages": n}
 
 
@@ -76,15 +76,19 @@ def pp_bwd_bytes(m, layout, c, iteration, warm: int) -> Dict[str, float]:
     cb = codec is not None and c.backward_compress_method != "fixpoint"
     if cb:
         warm = max(warm, int(c.inter_grad_comp_warm_up * layout.train_iters))
+    vp = layout.virtual_stages
+
+    def critical(stage, chunk, mb):   # interleaved: decided per chunk boundary (policy.py)
+        return is_critical_interleaved_send(stage, chunk, mb, pp, vp, M) if vp > 1 else \
+            is_critical_backward_send(stage, mb, pp, M)
     sent = 0
-    for stage in range(1, pp):
+    for v in range(1, pp * vp):   # every sending virtual stage: chunk v // pp of rank v % pp
         for mb in range(M):
             compressed = codec is not None and iteration >= warm and not (
-                cb and c.inter_grad_comp_epilogue_only
-                and not is_critical_backward_send(stage, mb, pp, M))
+                cb and c.inter_grad_comp_epilogue_only and not critical(v % pp, v // pp, mb))
             sent += codec.payload_nbytes(shape, dtype) if compressed else raw
     reps = layout.tp * layout.dp
-    n = (pp - 1) * M * reps
+    n = layout.boundaries * M * reps
     return {"sent": sent * reps, "raw": n * raw, "messages": n}
 
 

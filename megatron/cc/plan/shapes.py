@@ -89,6 +89,7 @@ class Layout:
     """Pipeline and parameter dtype (--bf16 / --fp16); gradients reduce in fp32 regardless."""
     train_iters: int = 1000
     virtual_stages: int = 1
+    """Model chunks per pipeline rank (interleaved 1F1B when > 1)."""
     scatter_gather: bool = True
     """At tp > 1 each tp rank sends 1/tp of every pipeline message (the driver's default;
     False: --no-scatter-gather-tensors-in-pipeline)."""
@@ -100,9 +101,15 @@ class Layout:
         for name in ("tp", "pp", "dp", "micro_batch_size", "num_microbatches", "train_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Layout.{name} must be >= 1, got {getattr(self, name)}")
-        if self.virtual_stages != 1:
-            raise NotImplementedError("the cost model covers non-interleaved 1F1B "
-                                      "(virtual_stages 1) only")
+        if self.virtual_stages < 1 or self.virtual_stages > 1 and self.pp < 2:
+            raise ValueError(f"Layout.virtual_stages must be >= 1 and needs pp >= 2 when > 1, "
+                             f"got {self.virtual_stages} at pp {self.pp}")
+
+    @property
+    def boundaries(self) -> int:
+        """Pipeline boundaries a micro-batch crosses each way: pp vp - 1 (interleaved, the
+        wrap-around ones from the last rank to rank 0 included)."""
+        return self.pp * self.virtual_stages - 1
 
     @property
     def world_size(self) -> int:

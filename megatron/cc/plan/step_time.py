@@ -5,6 +5,11 @@ tokens, N the parameters a stage multiplies by on one tensor-parallel rank (its 
 the output layer on the last stage; embedding lookups are free; attention's S^2 term is left
 out; tensor-parallel all-reduces are the tp term below), at the cluster's achieved TFLOP/s per GPU. The
 slowest stage sets the pace: compute = M (t_f + t_b), bubble = (pp - 1)(t_f + t_b).
+Interleaved 1F1B (Layout.virtual_stages = vp > 1): the bubble is (pp - 1)(t_f + t_b) / vp
+(Megatron's), every rank sends M vp messages each way (pp vp - 1 boundaries, the wrap-around
+one included), each behind one chunk's compute (t_f + t_b) / vp, so below M becomes M vp,
+(t_f + t_b) becomes (t_f + t_b) / vp and the tp term's fill (pp - 1) becomes (pp - 1) / vp.
+An estimate, not validated against a measured interleaved run.
 
 Communication, per channel, from the exact bytes (channel_bytes.py) over the slowest link a
 channel's group spans (links.py); a transfer of x bytes costs latency + x / bandwidth, and the
@@ -94,8 +99,9 @@ def _pp_level(cluster, layout):
     """(slowest level of any stage boundary, flows crossing a datacentre at it)."""
     place = placement(layout.tp, layout.dp, layout.pp)
     worst, flows = "intra_node", 1
-    for s in range(layout.pp - 1):
-        levels = [cluster.level(place(t, d, s), place(t, d, s + 1))
+    wrap = layout.virtual_stages > 1   # interleaved: the last stage also sends to stage 0
+    for s in range(layout.pp - 1 + wrap):
+        levels = [cluster.level(place(t, d, s), place(t, d, (s + 1) % layout.pp))
                   for t in range(layout.tp) for d in range(layout.dp)]
         lvl = max(levels, key=LEVELS.index)
         if LEVELS.index(lvl) >= LEVELS.index(worst):
@@ -240,16 +246,17 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
     T = m.seq_length * layout.micro_batch_size
     n = max(stage_flops_params(m, layout, s) for s in range(layout.pp))
     t_f, t_b = 2 * n * T / rate, 4 * n * T / rate
-    M, pp = layout.num_microbatches, layout.pp
-    compute, bubble = M * (t_f + t_b), (pp - 1) * (t_f + t_b)
+    M, pp, vp = layout.num_microbatches, layout.pp, layout.virtual_stages
+    compute, bubble = M * (t_f + t_b), (pp - 1) * (t_f + t_b) / vp
     t_tp = tp_seconds(m, layout, c, cluster)
     totals = channel_bytes(m, layout, c)
     pp_t = 0.0
-    if pp > 1:
+    if pp > 1:   # vp = 1: (pp - 1) c + (M - 1) max(0, c - slot), (M + pp - 2) c
         msg = pp_message_seconds(m, layout, c, cluster, totals)
-        pp_t = ((pp - 1) * msg + (M - 1) * max(0.0, msg - (t_f + t_b + t_tp)) if overlap
-                else (M + pp - 2) * msg)
+        slot = (t_f + t_b + t_tp) / vp   # one chunk's compute hides a transfer
+        pp_t = ((pp - 1) * msg + (M * vp - 1) * max(0.0, msg - slot) if overlap
+                else (M * vp + pp - 2) * msg)
     dp_t = dp_seconds(m, layout, c, cluster, compute + bubble, t_b,
                       overlap and c.dp_mode_name == "allreduce")
     return StepTime(compute, bubble, pp_t, dp_t, emb_seconds(m, layout, c, cluster, totals),
-                    (M + pp - 1) * t_tp)
+                    (M + (pp - 1) / vp) * t_tp)

@@ -54,7 +54,8 @@ def test_from_args_and_bad_layouts():
     assert (s.ffn_hidden_size, s.num_query_groups, s.swiglu) == (128, 2, True)
     with pytest.raises(ValueError, match="Layout.dp must be >= 1"):
         Layout(dp=0)
-    with pytest.raises(NotImplementedError, match="virtual_stages"):
-        Layout(virtual_stages=2)
+    with pytest.raises(ValueError, match="virtual_stages"):
+        Layout(virtual_stages=2)   # pp 1: nothing to interleave
+    assert Layout(pp=4, virtual_stages=2).boundaries == 7
     with pytest.raises(ValueError, match="not divisible by pp"):
         stage_params(GPT2_SMALL, 1, 5, 0)

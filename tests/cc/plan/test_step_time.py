@@ -63,6 +63,25 @@ def test_pipeline_transfer_on_the_critical_path():
     assert over.total <= sync.total
 
 
+def test_interleaving_divides_the_bubble_and_multiplies_the_messages():
+    """vp = 2: bubble / 2; a micro-batch crosses pp vp - 1 = 3 boundaries (the wrap-around
+    one included), so every rank sends M vp messages each way, each behind half the compute."""
+    cl = _cluster(inter_gbps=1.0, lat_us=100)
+    plain, inter = (step_time(M4, Layout(1, 2, 1, micro_batch_size=2, num_microbatches=4,
+                                         virtual_stages=vp), CompressionConfig(), cl)
+                    for vp in (1, 2))
+    assert inter.compute == plain.compute and inter.bubble == pytest.approx(plain.bubble / 2)
+    msg = 2 * (100e-6 + 32 * 2 * 64 * 4 / (1e9 / 8))
+    assert inter.pp == pytest.approx((4 * 2 + 2 - 2) * msg)
+    from megatron.cc.plan.channel_bytes import channel_bytes
+    c = CompressionConfig(inter_grad_comp=True, inter_grad_comp_rank=4,
+                          inter_grad_comp_epilogue_only=True)
+    b = channel_bytes(M4, Layout(1, 2, 1, micro_batch_size=2, num_microbatches=4,
+                                 virtual_stages=2), c)
+    assert b["pp-fwd"]["messages"] == 3 * 4 and b["pp-bwd"]["messages"] == 3 * 4
+    assert b["pp-bwd"]["sent"] < b["pp-bwd"]["raw"]
+
+
 def test_data_parallel_ring_all_reduce_and_shared_wan():
     lay = Layout(1, 1, 2, micro_batch_size=1, num_microbatches=1)
     c = CompressionConfig()
