@@ -280,15 +280,22 @@ class PipelineChannels:
     def links(self) -> List[Link]:
         return [l for l in (self.prev_fwd, self.prev_bwd, self.next_fwd, self.next_bwd) if l]
 
+    def _ends(self) -> dict:
+        """Each link end under its own key: with interleaving at pp = 2 a chunk's previous and
+        next stage are the same rank, so channel and peer alone would name two ends."""
+        ends = {"prev_fwd": self.prev_fwd, "prev_bwd": self.prev_bwd,
+                "next_fwd": self.next_fwd, "next_bwd": self.next_bwd}
+        return {f"{end} {l.channel}->{l.peer}": l for end, l in ends.items()
+                if l is not None and l.codec is not None}
+
     def state_dict(self) -> dict:
-        return {f"{l.channel}->{l.peer}": l.codec.state_dict()
-                for l in self.links() if l.codec is not None}
+        return {key: l.codec.state_dict() for key, l in self._ends().items()}
 
     def load_state_dict(self, sd: dict) -> None:
-        for l in self.links():
-            key = f"{l.channel}->{l.peer}"
-            if l.codec is not None and key in sd:
-                l.codec.load_state_dict(sd[key])
+        for key, l in self._ends().items():
+            old = f"{l.channel}->{l.peer}"   # checkpoints before the end was named
+            if key in sd or old in sd:
+                l.codec.load_state_dict(sd[key] if key in sd else sd[old])
 
 
 class InterleavedChannels:
