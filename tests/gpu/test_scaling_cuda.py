@@ -1,0 +1,56 @@
+"""Megatron's scaling features on a GPU: the distributed optimizer's bf16 checkpoint (fp32 main
+weights and Adam moments by name, resume bit-exact on NCCL) and the sequence-parallel and
+interleaved layouts with compressed pipelines on one GPU (4 ranks over gloo) against (1,1,1).
+Skipped without CUDA; the CPU tiers test the same paths on gloo (tests/training)."""
+import os
+
+import pytest
+import torch
+
+from tests.conftest import tiny_gpt_argv
+from tests.gpu.launch import backend_flags, run_ranks
+from tests.training import runner
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+ONE = backend_flags(1)
+
+
+def _distopt_resume(rank, world, corpus, ckpt):
+    common = {"train-iters": 6, "bf16": True, "use-distributed-optimizer": True, **ONE}
+    straight = runner.train(tiny_gpt_argv(corpus, **common), world)
+    runner.train(tiny_gpt_argv(corpus, **common, save=ckpt, **{"exit-interval": 3}), world)
+    resumed = runner.train(tiny_gpt_argv(corpus, **common, load=ckpt), world)
+    return straight, resumed
+
+
+def test_bf16_distributed_optimizer_resume_is_exact(tiny_corpus, tmp_path):
+    ckpt = str(tmp_path / "distopt")
+    straight, resumed = run_ranks(_distopt_resume, 1, (tiny_corpus, ckpt), timeout=600)[0]
+    print(f"\nbf16 distributed optimizer: straight {straight[3:]} resumed {resumed}")
+    assert resumed == straight[3:], (resumed, straight)
+    sd = torch.load(os.path.join(ckpt, "iter_0000003", "mp_rank_00", "model_optim_rng.pt"),
+                    map_location="cpu", weights_only=False)
+    entry = sd["optimizer_by_name"]["embedding.word_embeddings.weight"]
+    assert {"exp_avg", "exp_avg_sq", "main_param"} <= set(entry)
+    assert entry["main_param"].dtype == torch.float32
+
+
+def _layouts(rank, world, corpus, flag_sets):
+    """Train each flag set in turn in one spawn of `world` ranks."""
+    return [runner.train(tiny_gpt_argv(corpus, **flags, **backend_flags(world)), world)
+            for flags in flag_sets]
+
+
+SP = {"tensor-model-parallel-size": 2, "pipeline-model-parallel-size": 2,
+      "sequence-parallel": True, "global-batch-size": 8}
+COMPRESSED = {"forward-compress-method": "fixpoint", "forward-bits": 8,
+              "backward-compress-method": "fixpoint", "backward-bits": 8}
+
+
+def test_sequence_parallel_on_one_gpu_matches_111(tiny_corpus):
+    ref = run_ranks(_layouts, 1, (tiny_corpus, [{}]), timeout=600)[0][0]
+    sp, sp_compressed = run_ranks(_layouts, 4, (tiny_corpus, [SP, {**SP, **COMPRESSED}]),
+                                  timeout=600)[-1]
+    print(f"\n(1,1,1) {ref}\n(2,2,1) SP {sp}\n(2,2,1) SP fixpoint-8 {sp_compressed}")
+    assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(sp, ref)), (sp, ref)
+    assert all(abs(a - b) <= 1e-2 * abs(b) for a, b in zip(sp_compressed, ref))
