@@ -60,6 +60,8 @@ CHECKS: Tuple[Check, ...] = (
     Check("(2,2,2) on one GPU", (_t("test_222_on_one_gpu_over_gloo_matches_111"),), 100, False),
     Check("resume, 8 ranks", (_t("test_resume_bit_exact_8_ranks_on_one_gpu"),), 80, False),
     Check("export to HF", (f"{GPU_TESTS}/test_export_cuda.py",), 100, False),
+    Check("interleaving, SP, distributed optimizer", (f"{GPU_TESTS}/test_scaling_cuda.py",),
+          150, False),
 )
 
 
