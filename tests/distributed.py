@@ -7,7 +7,7 @@ initialised on gloo (OMP_NUM_THREADS=1); its return value (picklable) comes back
 `results[rank]`. An exception on any rank, or the timeout, kills every rank and raises here
 with the failing rank's traceback, so a broken collective fails the test instead of hanging it.
 
-Ranks are forked from a forkserver that has imported torch, megatron-core and the driver once
+On CPU machines ranks are forked from a forkserver that has imported torch, megatron-core and the driver once
 per test session: a spawned rank spends ~4.5 CPU seconds importing them, which at 4-8 ranks on
 a 2-core machine was most of a short test's time. Like spawn, each rank starts from fresh
 imports (no parent state, no threads); the parent's environment at call time is passed along,
@@ -33,6 +33,9 @@ PRELOAD = ["torch", "torch.distributed", "megatron.core.parallel_state",
 
 @functools.lru_cache(maxsize=None)
 def _context():
+    import torch
+    if torch.cuda.is_available():   # the preloaded driver initialises CUDA, which a fork cannot keep
+        return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
