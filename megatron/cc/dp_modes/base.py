@@ -1,0 +1,54 @@
+"""What every --dp-mode plug-in is: a dataclass of its flags, their checks, and a builder.
+
+A plug-in subclasses DpMode and declares its flags as dataclass fields (`flag(default, help)`);
+CompressionConfig inherits every plug-in, so `args.compression.<field>` and the flag spellings
+stay flat. `check` and `build` are static and take that composed config `c`: a plug-in reads
+the shared fields (--stochastic-rounding, --quant-scheme, --dp-backend) next to its own.
+"""
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional, Tuple
+
+
+@dataclass
+class DpRun:
+    """What a dp mode needs from the run besides its flags and the rank's Topology."""
+    seed: int                          # --seed
+    comp_seed: int                     # --comp-seed, else --seed
+    train_iters: int
+    tied_embedding: bool = True        # first and last stage hold copies of one embedding
+    exclude_embedding: bool = False    # the emb channel sums it alone (--emb-comm-opt)
+    overlap_grad_reduce: bool = False
+    bucket_size: Optional[int] = None  # --ddp-bucket-size
+    num_microbatches: int = 1
+    speed: Any = None                  # --check-comp-speed's CompSpeed
+
+
+class DpMode:
+    name: ClassVar[str]
+    aliases: ClassVar[Tuple[str, ...]] = ()
+    syncs_parameters: ClassVar[bool] = True   # exchanges after the optimizer step
+    own_group: ClassVar[bool] = False         # --dp-backend applies
+    quantises: ClassVar[bool] = False         # --stochastic-rounding / --quant-scheme apply
+    shared: ClassVar[Tuple[str, ...]] = ()    # its fields other modes may be given too
+
+    @classmethod
+    def owned(cls) -> Tuple[str, ...]:
+        """Fields refused with another --dp-mode (a mode's flag given with another is a mistake
+        worth stopping for)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.shared)
+
+    @staticmethod
+    def borrows(c) -> Tuple[str, ...]:
+        """Other modes' fields this mode reads with these settings."""
+        return ()
+
+    @staticmethod
+    def check(c, pp: int, dp: int) -> None:
+        """Raise ConfigError (naming the flag and the fix) on a bad value of the mode's fields;
+        runs whichever mode is chosen."""
+
+    @staticmethod
+    def build(c, topo, stats, run: DpRun):
+        """The finished dp channel (a SyncChannel) of this rank."""
+        raise NotImplementedError
