@@ -11,7 +11,7 @@ from typing import Optional
 from megatron.cc.config_fields import ConfigError, flag
 from megatron.cc.dp_modes.adpsgd import ADPSGD
 from megatron.cc.dp_modes.allreduce import AllReduce
-from megatron.cc.dp_modes.base import DpMode, DpRun
+from megatron.cc.dp_modes.base import DpRun
 from megatron.cc.dp_modes.cocktail_sgd import CocktailSGD
 from megatron.cc.dp_modes.diloco import DiLoCo
 from megatron.cc.dp_modes.preduce import PReduce
@@ -20,16 +20,10 @@ from megatron.cc.grad_sync.hetero import HeteroDelay
 
 DP_MODES = {m.name: m for m in (AllReduce, CocktailSGD, DiLoCo, SparseLoCo, PReduce, ADPSGD)}
 ALIASES = {alias: m.name for m in DP_MODES.values() for alias in m.aliases}
-__all__ = ["DP_MODES", "DpConfig", "DpMode", "DpRun", "build_dp_channel"]
-
-
-def _listed(names) -> str:
-    return ", ".join(names[:-1]) + " and " + names[-1]
 
 
 @dataclass
-class DpChannel:
-    """The flags of the dp channel whatever the mode."""
+class DpChannel:   # the flags of every mode
     dp_mode: str = flag(
         "allreduce", "How data-parallel replicas of a stage synchronise. allreduce: gradients "
                      "(exact, or PowerSGD with --grad-comp). cocktail_sgd (alias cocktail): "
@@ -100,9 +94,9 @@ class DpConfig(*reversed(DP_MODES.values()), DpChannel):
                 raise ConfigError(f"--{name.replace('_', '-')} configures --dp-mode "
                                   f"{' or '.join(owners)}, but --dp-mode is {mode}")
         if self.dp_backend is not None and not self.dp_plugin.own_group:
+            *names, last = [n for n, m in DP_MODES.items() if m.own_group]
             raise ConfigError(f"--dp-backend sets the dp channel's process group for "
-                              f"{_listed([n for n, m in DP_MODES.items() if m.own_group])}, "
-                              f"but --dp-mode is {mode}")
+                              f"{', '.join(names)} and {last}, but --dp-mode is {mode}")
 
 
 def build_dp_channel(c, topo, stats, run: DpRun):

@@ -1,10 +1,7 @@
-"""What every --dp-mode plug-in is: a dataclass of its flags, their checks, and a builder.
-
-A plug-in subclasses DpMode and declares its flags as dataclass fields (`flag(default, help)`);
-CompressionConfig inherits every plug-in, so `args.compression.<field>` and the flag spellings
-stay flat. `check` and `build` are static and take that composed config `c`: a plug-in reads
-the shared fields (--stochastic-rounding, --quant-scheme, --dp-backend) next to its own.
-"""
+"""What a --dp-mode plug-in is. Its flags are the dataclass fields of a DpMode subclass, which
+CompressionConfig inherits (so flags and `args.compression.<field>` stay flat); `check` and
+`build` are static and take that composed config `c`, where the shared fields
+(--stochastic-rounding, --quant-scheme, --dp-backend) sit next to the mode's own."""
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Tuple
@@ -13,10 +10,10 @@ from typing import Any, ClassVar, Optional, Tuple
 @dataclass
 class DpRun:
     """What a dp mode needs from the run besides its flags and the rank's Topology."""
-    seed: int                          # --seed
+    seed: int
     comp_seed: int                     # --comp-seed, else --seed
     train_iters: int
-    tied_embedding: bool = True        # first and last stage hold copies of one embedding
+    tied_embedding: bool = True
     exclude_embedding: bool = False    # the emb channel sums it alone (--emb-comm-opt)
     overlap_grad_reduce: bool = False
     bucket_size: Optional[int] = None  # --ddp-bucket-size
@@ -34,8 +31,7 @@ class DpMode:
 
     @classmethod
     def owned(cls) -> Tuple[str, ...]:
-        """Fields refused with another --dp-mode (a mode's flag given with another is a mistake
-        worth stopping for)."""
+        """Fields refused with another --dp-mode: given there, they are a mistake."""
         return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.shared)
 
     @staticmethod
@@ -45,10 +41,9 @@ class DpMode:
 
     @staticmethod
     def check(c, pp: int, dp: int) -> None:
-        """Raise ConfigError (naming the flag and the fix) on a bad value of the mode's fields;
-        runs whichever mode is chosen."""
+        """ConfigError (naming the flag and the fix) on a bad value; runs in every mode."""
 
     @staticmethod
     def build(c, topo, stats, run: DpRun):
-        """The finished dp channel (a SyncChannel) of this rank."""
+        """This rank's finished dp channel (a SyncChannel)."""
         raise NotImplementedError
