@@ -1,4 +1,5 @@
-"""Configuration of every compression channel (fwd, bwd, dp, emb), one dataclass.
+"""Configuration of every compression channel (fwd, bwd, dp, emb), one dataclass; the dp
+channel's fields come from its plug-ins (megatron/cc/dp_modes/, one file per --dp-mode).
 
 The library (megatron.cc) receives this object in constructors and never reads flags itself;
 the training driver generates the flags from these fields (megatron.training.config_flags).
@@ -8,10 +9,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from megatron.cc.config_fields import ConfigError, flag
+from megatron.cc.dp_modes import DpConfig
 
 
 @dataclass
-class CompressionConfig:
+class CompressionConfig(DpConfig):
     check_comp_ratio: bool = flag(
         False, "Log bytes sent per channel and the ratio against uncompressed bytes "
                "(always counted; this also prints a per-channel summary at the end).")
@@ -141,34 +143,6 @@ class CompressionConfig:
                "LEP error and the change of the stage's input activation between consecutive "
                "micro-batches, and the mean magnitude of both.")
 
-    # ---- dp channel: Optimus-CC selective stage compression (SC), PowerSGD
-    grad_comp: bool = flag(
-        False, "PowerSGD (with error feedback and warm-started Q) on data-parallel gradients. "
-               "1-D tensors, small matrices and the embedding/output weights stay exact. "
-               "No effect with data-parallel size 1 (nothing crosses the dp group).")
-    grad_comp_rank: int = flag(128, "Rank r of the PowerSGD factors P (n x r) and Q (m x r) "
-                                    "(Optimus-CC paper: 128).")
-    grad_comp_warm_up: float = flag(
-        0.1, "Fraction of --train-iters (from the start) that all-reduce gradients exactly "
-             "before PowerSGD begins; in [0, 1).")
-    grad_comp_type: str = flag(
-        "PowerSGD", "Reducer of --grad-comp: PowerSGD (Q warm-started; one all-reduce of P and "
-                    "one of Q per step) or RandomizedSVD (a randomized SVD of the replicas' "
-                    "mean gradient from a fresh Gaussian projection seeded by --comp-seed and "
-                    "the iteration; 1 + --grad-comp-niter all-reduces of each). Both keep "
-                    "error feedback and leave the same tensors exact.",
-        choices=["PowerSGD", "RandomizedSVD"])
-    grad_comp_niter: Optional[int] = flag(
-        None, "--grad-comp-type RandomizedSVD: subspace iterations after the first projection "
-              "(torch.svd_lowrank's niter; Optimus-CC passes 1, the default here); each costs "
-              "one more all-reduce of P and of Q. 0 sends PowerSGD's bytes.")
-    selective_grad_comp: bool = flag(
-        False, "Only pipeline stages 0..k-1 (k = --selective-grad-comp-way) compress their dp "
-               "gradients (their all-reduce ends last, on the critical path); later stages "
-               "all-reduce exactly. Needs --grad-comp.")
-    selective_grad_comp_way: Optional[int] = flag(
-        None, "k for --selective-grad-comp, k >= 1; default max(1, pp - 1) (paper: pp=4, "
-              "k=3). k >= pipeline size compresses every stage, as in Optimus-CC.")
     # ---- emb channel: Optimus-CC fused embedding synchronisation (FE)
     emb_comm_opt: bool = flag(
         False, "Fused embedding sync: the tied embedding gradient takes one all-reduce over "
@@ -217,232 +191,6 @@ class CompressionConfig:
              "in [0, 1).")
     mp_grad_comp_type: str = flag("PowerSGD", "Reducer of --mp-grad-comp.",
                                   choices=["PowerSGD"])
-
-    # ---- dp channel: parameter-syncing modes (CocktailSGD, SD-PIPE preduce, AD-PSGD, DiLoCo)
-    dp_mode: str = flag(
-        "allreduce", "How data-parallel replicas of a stage synchronise. allreduce: gradients "
-                     "(exact, or PowerSGD with --grad-comp). cocktail_sgd (alias cocktail): "
-                     "compressed parameter deltas in a sharded exchange (CocktailSGD). preduce: "
-                     "weight averaging with whoever is ready (SD-PIPE). adpsgd: random pairwise "
-                     "weight averaging. diloco: H local steps, then an outer Nesterov step on "
-                     "the averaged pseudo-gradient. sparseloco: DiLoCo's H local steps (the "
-                     "--diloco-inner-steps / -fragments / -sync-delay flags), the pseudo-"
-                     "gradient plus a decayed error buffer sent as top-k per chunk with "
-                     "2-bit values, outer SGD (SparseLoCo).",
-        choices=["allreduce", "cocktail_sgd", "cocktail", "preduce", "adpsgd", "diloco",
-                 "sparseloco"])
-    dp_backend: Optional[str] = flag(
-        None, "Transport of the data-parallel channel: its own process group on this backend "
-              "(allreduce/PowerSGD, cocktail_sgd, diloco, sparseloco): gloo (e.g. across a "
-              "WAN; CUDA tensors staged through pinned host buffers) or nccl; default "
-              "--distributed-backend.",
-        choices=["gloo", "nccl"])
-    cocktail_random_ratio: float = flag(
-        0.1, "cocktail_sgd: share of entries in the random rolling subset, in (0, 1].")
-    cocktail_topk_ratio: float = flag(
-        0.2, "cocktail_sgd: share of the subset kept by magnitude (top-k), in (0, 1].")
-    cocktail_bits: int = flag(4, "cocktail_sgd (and --diloco-compression cocktail): bits per "
-                                 "kept value, 1..8.")
-    cocktail_bucket_size: int = flag(
-        128, "cocktail_sgd: kept values per 16-bit scale (also the bucket of int8/fixpoint-b).")
-    cocktail_warmup_steps: int = flag(
-        0, "cocktail_sgd: iterations that all-reduce gradients exactly before the compressed "
-           "exchange starts.")
-    cocktail_no_overlap: bool = flag(
-        False, "cocktail_sgd: run the exchange inline after the optimizer step instead of on a "
-               "background thread overlapping the next forward/backward (one step stale).")
-    diloco_inner_steps: int = flag(100, "diloco, sparseloco: H, local optimizer steps between "
-                                        "outer steps (SparseLoCo's paper runs 15).")
-    diloco_outer_lr: float = flag(0.7, "diloco: learning rate of the outer SGD.")
-    diloco_outer_momentum: float = flag(
-        0.9, "diloco: Nesterov momentum of the outer SGD, in [0, 1) (0: plain SGD).")
-    diloco_compression: str = flag(
-        "none", "diloco: codec of the pseudo-gradient exchange: none (exact fp32 all-reduce), "
-                "fp16, int8, fixpoint-<bits> (e.g. fixpoint-4), cocktail (--cocktail-* "
-                "settings). Lossy codecs keep each replica's residual (error feedback).")
-    diloco_fragments: int = flag(
-        1, "diloco, sparseloco: Streaming DiLoCo, the stage's layers cut into F fragments "
-           "synchronised in turn every H/F steps (--diloco-inner-steps must be divisible by "
-           "F); under sparseloco every fragment goes through its codec with its own error "
-           "buffer.")
-    diloco_sync_delay: int = flag(
-        0, "diloco, sparseloco: overlap a fragment's outer exchange with this many following "
-           "inner steps (background thread); the update is applied then, keeping the local "
-           "progress of those steps. Must be < H/F.")
-    sparseloco_outer_lr: float = flag(
-        1.0, "sparseloco: learning rate alpha of the outer SGD (no momentum: the decayed error "
-             "buffer takes its place), > 0.")
-    sparseloco_outer_momentum: float = flag(
-        0.0, "sparseloco: Nesterov momentum of the outer SGD over the decoded sparse mean, in "
-             "[0, 1) (0, the paper's: the decayed error buffer takes its place).")
-    sparseloco_error_decay: float = flag(
-        0.95, "sparseloco: beta in e <- beta e + pseudo-gradient before the top-k, in [0, 1].")
-    sparseloco_density: float = flag(
-        1 / 64, "sparseloco: share k / C of every chunk sent, in (0, 1] (k = round(density C), "
-                "at least 1; 1 sends every value, without indices).")
-    sparseloco_chunk_size: int = flag(
-        4096, "sparseloco: C, values per top-k chunk of the flat pseudo-gradient; a kept "
-              "position costs ceil(log2 C) bits (12 at 4096). Must divide the tied "
-              "embedding's size.")
-    sparseloco_bits: int = flag(
-        2, "sparseloco: bits per kept value, 1..8 (--quant-scheme), one 16-bit scale per "
-           "chunk.")
-    dp_adam_correction: bool = flag(
-        False, "Parameter-syncing modes with Adam: each replica's Adam divides by an estimate "
-               "of the second moment of the all-reduced gradient instead of its own (from its "
-               "own moments, no bytes), so the replicas' averaged steps follow Adam on the "
-               "mean gradient instead of a ~sqrt(dp) smaller step (megatron/cc/grad_sync/"
-               "replica_adam.py).")
-    ssp_bound: int = flag(
-        10, "preduce: every ssp-bound-th round of a replica (dp x ssp-bound updates of the "
-            "stage), and the last, averages all replicas of the stage (1: every round, i.e. "
-            "all-reduce).")
-    preduce_scope: str = flag(
-        "stage", "preduce: stage (SD-PIPE): the replicas of each pipeline stage form groups on "
-                 "a scheduler of their own, independently of the other stages (the first "
-                 "stage follows the last one when the word embedding is tied, so its two "
-                 "copies stay equal); replica: stage 0 decides for its whole pipeline replica.",
-        choices=["stage", "replica"])
-    preduce_groups: str = flag(
-        "auto", "preduce: what a window of ready replicas averages as. window: all of them "
-                "together; pairwise: pairs in dp-rank order (an odd last one stays alone); "
-                "auto: pairwise above 8 replicas per stage, as SD-PIPE.",
-        choices=["auto", "window", "pairwise"])
-    hetero: float = flag(
-        0.0, "preduce/adpsgd/any mode: each replica sleeps a random share (up to this fraction, "
-             "in [0, 1)) of its compute time per iteration, to emulate a heterogeneous cluster.")
-
-    @property
-    def dp_mode_name(self) -> str:
-        return "cocktail_sgd" if self.dp_mode == "cocktail" else self.dp_mode
-
-    @property
-    def syncs_parameters(self) -> bool:
-        return self.dp_mode_name != "allreduce"
-
-    def validate_dp_mode(self, dp: int) -> None:
-        mode = self.dp_mode_name
-        if mode != "allreduce" and self.grad_comp:
-            raise ConfigError(f"--dp-mode {self.dp_mode} replaces the gradient all-reduce that "
-                              f"--grad-comp compresses; drop one of them")
-        if mode != "allreduce" and dp < 2:
-            raise ConfigError(f"--dp-mode {self.dp_mode} synchronises data-parallel replicas, "
-                              f"but the data-parallel size is {dp}; launch more ranks or use "
-                              f"--dp-mode allreduce")
-        for name in ("cocktail_random_ratio", "cocktail_topk_ratio"):
-            if not 0.0 < getattr(self, name) <= 1.0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be in (0, 1], got "
-                                  f"{getattr(self, name)}")
-        if not 1 <= self.cocktail_bits <= 8:
-            raise ConfigError(f"--cocktail-bits must be in 1..8, got {self.cocktail_bits}")
-        if self.cocktail_bucket_size < 1 or self.cocktail_warmup_steps < 0:
-            raise ConfigError("--cocktail-bucket-size must be >= 1 and --cocktail-warmup-steps "
-                              ">= 0")
-        if self.diloco_inner_steps < 1:
-            raise ConfigError(f"--diloco-inner-steps must be >= 1, got {self.diloco_inner_steps}")
-        if self.diloco_outer_lr <= 0 or not 0.0 <= self.diloco_outer_momentum < 1.0:
-            raise ConfigError(f"--diloco-outer-lr must be > 0 and --diloco-outer-momentum in "
-                              f"[0, 1), got {self.diloco_outer_lr}, {self.diloco_outer_momentum}")
-        if self.diloco_fragments < 1 or self.diloco_inner_steps % self.diloco_fragments:
-            raise ConfigError(f"--diloco-fragments {self.diloco_fragments} must be >= 1 and "
-                              f"divide --diloco-inner-steps {self.diloco_inner_steps}")
-        if not 0 <= self.diloco_sync_delay < self.diloco_inner_steps // self.diloco_fragments:
-            raise ConfigError(f"--diloco-sync-delay {self.diloco_sync_delay} must be >= 0 and "
-                              f"smaller than --diloco-inner-steps / --diloco-fragments "
-                              f"({self.diloco_inner_steps // self.diloco_fragments})")
-        from megatron.cc.grad_sync.flat_codecs import parse_fixpoint_bits
-        c = self.diloco_compression
-        bits = parse_fixpoint_bits(c)
-        if c not in ("none", "fp16", "cocktail") and (bits is None or not 1 <= bits <= 8):
-            raise ConfigError(f"--diloco-compression {c!r}: expected none, fp16, int8, "
-                              f"fixpoint-<bits 1..8> or cocktail")
-        self._validate_sparseloco()
-        if self.dp_adam_correction and mode == "allreduce":
-            raise ConfigError("--dp-adam-correction corrects the local Adam steps of a "
-                              "parameter-syncing --dp-mode (cocktail_sgd, diloco, sparseloco, "
-                              "preduce, adpsgd); --dp-mode allreduce already steps on the "
-                              "mean gradient")
-        if self.ssp_bound < 1:
-            raise ConfigError(f"--ssp-bound must be >= 1, got {self.ssp_bound}")
-        if not 0.0 <= self.hetero < 1.0:
-            raise ConfigError(f"--hetero must be in [0, 1), got {self.hetero}")
-        if self.dp_backend == "nccl":
-            import torch
-            if not torch.cuda.is_available():
-                raise ConfigError("--dp-backend nccl needs GPUs; use gloo on CPU")
-        self._validate_mode_flags(mode)
-
-    def _validate_sparseloco(self) -> None:
-        if not 0.0 < self.sparseloco_density <= 1.0:
-            raise ConfigError(f"--sparseloco-density must be in (0, 1], got "
-                              f"{self.sparseloco_density}")
-        if self.sparseloco_chunk_size < 1:
-            raise ConfigError(f"--sparseloco-chunk-size must be >= 1, got "
-                              f"{self.sparseloco_chunk_size}")
-        if not 1 <= self.sparseloco_bits <= 8:
-            raise ConfigError(f"--sparseloco-bits must be in 1..8, got {self.sparseloco_bits}")
-        if not 0.0 <= self.sparseloco_error_decay <= 1.0:
-            raise ConfigError(f"--sparseloco-error-decay must be in [0, 1], got "
-                              f"{self.sparseloco_error_decay}")
-        if self.sparseloco_outer_lr <= 0:
-            raise ConfigError(f"--sparseloco-outer-lr must be > 0, got "
-                              f"{self.sparseloco_outer_lr}")
-        if not 0.0 <= self.sparseloco_outer_momentum < 1.0:
-            raise ConfigError(f"--sparseloco-outer-momentum must be in [0, 1), got "
-                              f"{self.sparseloco_outer_momentum}")
-
-    def _validate_mode_flags(self, mode: str) -> None:
-        """A flag of one mode given with another is a mistake worth stopping for."""
-        loop = ("diloco_inner_steps", "diloco_fragments", "diloco_sync_delay")  # DiLoCo's loop
-        owners = {"cocktail_sgd": ("cocktail_random_ratio", "cocktail_topk_ratio",
-                                   "cocktail_warmup_steps", "cocktail_no_overlap"),
-                  "diloco": loop + ("diloco_outer_lr", "diloco_outer_momentum",
-                                    "diloco_compression"),
-                  "sparseloco": loop + ("sparseloco_outer_lr", "sparseloco_outer_momentum",
-                                        "sparseloco_error_decay",
-                                        "sparseloco_density", "sparseloco_chunk_size",
-                                        "sparseloco_bits"),
-                  "preduce": ("ssp_bound", "preduce_scope", "preduce_groups")}
-        import dataclasses
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        if mode == "diloco" and self.diloco_compression == "cocktail":
-            owners["cocktail_sgd"] = ("cocktail_warmup_steps", "cocktail_no_overlap")
-        modes_of = {}
-        for owner, names in owners.items():
-            for name in names:
-                modes_of.setdefault(name, []).append(owner)
-        for name, modes in modes_of.items():
-            if mode not in modes and getattr(self, name) != defaults[name]:
-                raise ConfigError(f"--{name.replace('_', '-')} configures --dp-mode "
-                                  f"{' or '.join(modes)}, but --dp-mode is {self.dp_mode}")
-        if self.dp_backend is not None and mode not in ("allreduce", "cocktail_sgd", "diloco",
-                                                        "sparseloco"):
-            raise ConfigError(f"--dp-backend sets the dp channel's process group for allreduce, "
-                              f"cocktail_sgd, diloco and sparseloco, but --dp-mode is "
-                              f"{self.dp_mode}")
-
-    def compressed_stages(self, pp: int) -> int:
-        """How many leading pipeline stages run PowerSGD on their dp gradients."""
-        if not self.grad_comp:
-            return 0
-        if not self.selective_grad_comp:
-            return pp
-        # way > pp compresses every stage, as Optimus-CC's `stage < way` test does
-        return min(self.selective_grad_comp_way or max(1, pp - 1), pp)
-
-    def validate_grad_comp(self, pp: int) -> None:
-        if self.selective_grad_comp and not self.grad_comp:
-            raise ConfigError("--selective-grad-comp chooses which stages run --grad-comp; "
-                              "add --grad-comp (or drop --selective-grad-comp)")
-        k = self.selective_grad_comp_way
-        if k is not None and k < 1:
-            raise ConfigError(f"--selective-grad-comp-way {k} must be >= 1 (values above the "
-                              f"pipeline size {pp} compress every stage)")
-        if self.grad_comp_rank < 1:
-            raise ConfigError(f"--grad-comp-rank must be >= 1, got {self.grad_comp_rank}")
-        if not 0.0 <= self.grad_comp_warm_up < 1.0:
-            raise ConfigError(f"--grad-comp-warm-up is a fraction of --train-iters in [0, 1), "
-                              f"got {self.grad_comp_warm_up}")
 
     def validate_inter_grad_comp(self, pp: int) -> None:
         if self.inter_grad_comp_rank < 1:
@@ -515,14 +263,12 @@ class CompressionConfig:
             raise ConfigError(f"--warmup-epochs {self.warmup_epochs} and --compress-warmup-iters "
                               f"{self.compress_warmup_iters} both set the warm-up; give one")
         if self.stochastic_rounding and fwd not in ("fixpoint", "delta", "delta-lowbits") \
-                and bwd != "fixpoint" and self.dp_mode_name not in ("cocktail_sgd", "diloco",
-                                                                    "sparseloco"):
+                and bwd != "fixpoint" and not self.dp_plugin.quantises:
             raise ConfigError("--stochastic-rounding changes the fixpoint / delta quantisers, "
                               f"but --forward-compress-method is {fwd} and "
                               f"--backward-compress-method is {bwd}")
         if self.quant_scheme != "fitted" and fwd not in ("fixpoint", "delta", "delta-lowbits") \
-                and bwd != "fixpoint" and self.dp_mode_name not in ("cocktail_sgd", "diloco",
-                                                                    "sparseloco"):
+                and bwd != "fixpoint" and not self.dp_plugin.quantises:
             raise ConfigError(f"--quant-scheme {self.quant_scheme} changes the fixpoint / delta / "
                               f"cocktail quantisers, but none is on: --forward-compress-method "
                               f"is {fwd}, --backward-compress-method {bwd}")
@@ -578,8 +324,7 @@ class CompressionConfig:
         self.validate_auto()
         self.validate_pipeline_codecs(pp)
         self.validate_inter_grad_comp(pp)
-        self.validate_grad_comp(pp)
-        self.validate_dp_mode(dp)
+        self.validate_dp_mode(pp, dp)
         self.validate_seed_options(pp)
         self.validate_tp_comp(tp)
 
@@ -619,14 +364,11 @@ class CompressionConfig:
                                   f"auto; drop it, or use --compression manual")
 
     def validate_seed_options(self, pp: int) -> None:
-        """Optimus-CC's emb compression, dp reducer type, CB codec type, seed, and the options of
+        """Optimus-CC's emb compression, CB codec type, seed, and the options of
         its tensor-parallel compression given without it."""
         import dataclasses
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for name, needs, flag_ in (("grad_comp_type", self.grad_comp, "--grad-comp"),
-                                   ("grad_comp_niter", self.grad_comp_type == "RandomizedSVD",
-                                    "--grad-comp-type RandomizedSVD"),
-                                   ("inter_grad_comp_type", self.compressed_backprop,
+        for name, needs, flag_ in (("inter_grad_comp_type", self.compressed_backprop,
                                     "--inter-grad-comp"),
                                    ("emb_grad_comp_type", self.emb_grad_comp, "--emb-grad-comp"),
                                    ("emb_grad_comp_rank", self.emb_grad_comp, "--emb-grad-comp"),
@@ -640,8 +382,6 @@ class CompressionConfig:
             if getattr(self, name) != defaults[name] and not needs:
                 raise ConfigError(f"--{name.replace('_', '-')} configures {flag_}; add "
                                   f"{flag_} (or drop --{name.replace('_', '-')})")
-        if self.grad_comp_niter is not None and self.grad_comp_niter < 0:
-            raise ConfigError(f"--grad-comp-niter must be >= 0, got {self.grad_comp_niter}")
         if self.emb_grad_comp:
             if pp < 2:
                 raise ConfigError("--emb-grad-comp compresses the tied embedding gradient "

@@ -4,22 +4,19 @@ The only place where flags meet megatron.cc: it picks codecs and modes from the
 CompressionConfig, takes process groups and peers from the rank's Topology, and hands both
 to the library's constructors.
 """
-from megatron.cc.grad_sync import (EmbeddingSync, ExactDataParallelSync, FusedEmbeddingSync,
-                                   GradSync, PowerSGDDataParallelSync,
+from megatron.cc.compress import get_codec
+from megatron.cc.dp_modes import DpRun, build_dp_channel
+from megatron.cc.grad_sync import (EmbeddingSync, FusedEmbeddingSync, GradSync,
                                    create_fused_embedding_group)
 from megatron.cc.grad_sync.emb_powersgd import EmbPowerSGDSync
-from megatron.cc.grad_sync.hetero import HeteroDelay
-from megatron.cc.grad_sync.randomized_svd import RandomizedSVDDataParallelSync
-from megatron.cc.compress import get_codec
 from megatron.cc.diagnostics import OrthogonalityProbe
 from megatron.cc.p2p import InterleavedChannels, Link, PipelineChannels, ScatterGather
 from megatron.cc.policy import BackwardCompressionPolicy
 from megatron.cc.speed import CompSpeed, TimedCodec
-from megatron.training.dp_modes import build_dp_mode_sync
 from megatron.training.initialize import group_timeout
 from megatron.training.nodes import spans_nodes
 from megatron.training.pipeline_codecs import attach_codecs
-from megatron.training.transports import data_parallel_group, pipeline_transport
+from megatron.training.transports import pipeline_transport
 
 
 def activation_shape(args):
@@ -168,20 +165,6 @@ def build_interleaved_channels(args, config, stats, topo, epoch_samples=None,
     return InterleavedChannels(chunks)
 
 
-def overlapped(dp, args):
-    """The --overlap-grad-reduce twin of a dp channel (same state, same results)."""
-    from megatron.cc.grad_sync.overlap import OverlappedExactSync, OverlappedPowerSGDSync
-    kw = dict(bucket_size=args.parallel.ddp_bucket_size, num_microbatches=args.num_microbatches)
-    if type(dp) is PowerSGDDataParallelSync:
-        return OverlappedPowerSGDSync(dp.group, dp.stats, rank=dp.rank,
-                                      warm_up_iters=dp.warm_up_iters,
-                                      exclude_embedding=dp.exclude_embedding, seed=dp.seed,
-                                      eps=dp.eps, **kw)
-    if type(dp) is ExactDataParallelSync:
-        return OverlappedExactSync(dp.group, dp.stats, dp.exclude_embedding, **kw)
-    return dp   # a dp mode without an overlapped twin stays synchronous
-
-
 def build_grad_sync(args, model, stats, topo, nodes=None) -> GradSync:
     """dp channel (exact, PowerSGD on the first k stages, or a parameter-syncing --dp-mode)
     + emb channel (plain or fused; a --dp-mode has no dp all-reduce to fuse with).
@@ -194,10 +177,13 @@ def build_grad_sync(args, model, stats, topo, nodes=None) -> GradSync:
     # pp == 1: the embedding goes with the dp sync; a --dp-mode has no all-reduce to fuse with
     fused = c.emb_comm_opt and args.pp > 1 and not c.syncs_parameters
     mark_inter_node(stats, nodes, fused, topo)
-    dp = build_dp_mode_sync(args, stats, topo) if c.syncs_parameters else \
-        gradient_sync(args, stats, fused, topo)
-    if c.hetero:   # emulated slow replicas, for comparing the dp modes under --hetero
-        dp = HeteroDelay(dp, c.hetero, args.training.seed, topo.dp_rank)
+    run = DpRun(seed=args.training.seed, comp_seed=comp_seed(args),
+                train_iters=args.training.train_iters,
+                tied_embedding=not args.model.untie_embeddings_and_output_weights,
+                exclude_embedding=fused, overlap_grad_reduce=args.parallel.overlap_grad_reduce,
+                bucket_size=args.parallel.ddp_bucket_size,
+                num_microbatches=args.num_microbatches, speed=speed_meter(args, stats))
+    dp = build_dp_channel(c, topo, stats, run)
     member = topo.is_first or topo.is_last   # holds a copy of the tied embedding
     if fused:
         group = create_fused_embedding_group(topo.tp_rank, member, timeout=group_timeout(args))
@@ -211,33 +197,6 @@ def mark_inter_node(stats, nodes, fused: bool, topo) -> None:
     stats.leaves_node["dp"] = spans_nodes(nodes, topo.dp_ranks)
     stats.leaves_node["emb"] = spans_nodes(nodes, (topo.pp_ranks[0], topo.pp_ranks[-1])) or \
         (fused and stats.leaves_node["dp"])
-
-
-def gradient_sync(args, stats, fused: bool, topo):
-    """The dp channel of the gradient-averaging modes (exact or --grad-comp), overlapped
-    with backward under --overlap-grad-reduce where the mode has an overlapped twin."""
-    c = args.compression
-    dp_group = data_parallel_group(args, topo)
-    own_group = dp_group is not topo.dp_group   # --dp-backend: not DDP's group
-    if args.dp > 1 and topo.pp_rank < c.compressed_stages(args.pp):
-        dp = dp_reducer(args, dp_group, stats, exclude_embedding=fused)
-    else:
-        dp = ExactDataParallelSync(dp_group, stats, exclude_embedding=fused,
-                                   use_group=own_group)
-    return overlapped(dp, args) if args.parallel.overlap_grad_reduce else dp
-
-
-def dp_reducer(args, dp_group, stats, exclude_embedding: bool):
-    """--grad-comp's reducer for this stage: PowerSGD or RandomizedSVD (--grad-comp-type)."""
-    c = args.compression
-    kw = dict(rank=c.grad_comp_rank,
-              warm_up_iters=int(c.grad_comp_warm_up * args.training.train_iters),
-              exclude_embedding=exclude_embedding, seed=comp_seed(args))
-    if c.grad_comp_type == "RandomizedSVD":
-        niter = 1 if c.grad_comp_niter is None else c.grad_comp_niter
-        return RandomizedSVDDataParallelSync(dp_group, stats, niter=niter,
-                                             speed=speed_meter(args, stats), **kw)
-    return PowerSGDDataParallelSync(dp_group, stats, **kw)
 
 
 def emb_channel(args, exact, stats):

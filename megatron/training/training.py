@@ -144,7 +144,7 @@ class Trainer:
         if self.tp_channel is not None:
             self.ckpt.register("tp_channel", self.tp_channel)
         if args.compression.syncs_parameters:  # replicas differ: each keeps its own weights
-            from megatron.training.dp_modes import ReplicaState
+            from megatron.training.replica_state import ReplicaState
             self.ckpt.register("replica", ReplicaState(self.model, self.optimizer))
         self.loss_history: List[float] = []
         self.valid_history: List[tuple] = []

@@ -1,4 +1,5 @@
-"""Gradient synchronisation channels: dp (replicas of a stage) and emb (tied embeddings).
+"""Gradient synchronisation channels: dp (replicas of a stage) and emb (tied embeddings). The
+dp modes' flags and wiring are plug-ins in megatron/cc/dp_modes/.
 
     channel.py          SyncChannel: the hooks GradSync calls, each a no-op by default
     sync.py             ExactDataParallelSync (megatron DDP's all-reduce), EmbeddingSync, GradSync

@@ -21,8 +21,8 @@ import math
 from types import SimpleNamespace
 from typing import Dict, List, Optional
 
+from megatron.cc.dp_modes.cocktail_sgd import flat_codec
 from megatron.cc.grad_sync.diloco import DiLoCoSync, split_fragments
-from megatron.cc.grad_sync.flat_codecs import make_flat_codec
 from megatron.cc.grad_sync.powersgd import worth_compressing
 from megatron.cc.grad_sync.sparseloco import sync_bytes
 from megatron.cc.plan.shapes import Layout, ModelShape, ParamSpec, shared_weight, stage_params
@@ -57,13 +57,6 @@ def _powersgd(params: List[ParamSpec], c) -> Dict[str, float]:
     return {"sent": GRAD_BYTES * (exact + sent_lowrank), "raw": GRAD_BYTES * raw}
 
 
-def flat_codec(c, name: str):
-    """The dp exchange's flat codec as megatron/training/dp_modes.py builds it."""
-    return make_flat_codec(name, bits=c.cocktail_bits, random_ratio=c.cocktail_random_ratio,
-                           topk_ratio=c.cocktail_topk_ratio, bucket_size=c.cocktail_bucket_size,
-                           scheme=c.quant_scheme)
-
-
 def sharded_exchange_bytes(numel: int, world: int, codec) -> int:
     """ShardedExchange's count for one n-value vector: both phases' payloads over all shards,
     halved (an all-reduce message), with shards of ceil(n / D) values."""
@@ -95,7 +88,7 @@ def _segments(params: List[ParamSpec]) -> Dict[str, List[_Numel]]:
 
 
 def _fragment_sync(n: int, D: int, c) -> int:
-    mode = c.dp_mode_name
+    mode = c.dp_mode
     if mode == "sparseloco":
         from megatron.cc.compress.chunk_topk import ChunkTopKCodec
         codec = ChunkTopKCodec(c.sparseloco_density, c.sparseloco_chunk_size, c.sparseloco_bits)
@@ -138,7 +131,7 @@ def _cocktail(params, layout: Layout, c, iteration: Optional[int]) -> Dict[str, 
 def stage_dp_bytes(m, layout, c, stage: int, iteration: Optional[int]) -> Dict[str, float]:
     """One rank of `stage` (every tp rank and replica of a stage counts the same)."""
     params = stage_params(m, layout.tp, layout.pp, stage)
-    mode = c.dp_mode_name
+    mode = c.dp_mode
     if mode == "cocktail_sgd":
         return _cocktail(params, layout, c, iteration)
     if mode in ("diloco", "sparseloco"):

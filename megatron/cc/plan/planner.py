@@ -102,7 +102,7 @@ class Candidate:
         if self.overlap:
             if lay.pp > 1:
                 out.append("--overlap-p2p-comm")
-            if lay.dp > 1 and self.compression.dp_mode_name == "allreduce":
+            if lay.dp > 1 and self.compression.dp_mode == "allreduce":
                 out.append("--overlap-grad-reduce")
         return out
 
@@ -183,7 +183,7 @@ def plan(m: ModelShape, cluster: Cluster, global_batch_size: int, micro_batch_si
             if budget_pct is not None and (gap is None or gap > budget_pct):
                 continue
             c = CompressionConfig(**{k: v for s in schemes for k, v in s.overrides.items()})
-            overlappable = lay.pp > 1 or (lay.dp > 1 and c.dp_mode_name == "allreduce")
+            overlappable = lay.pp > 1 or (lay.dp > 1 and c.dp_mode == "allreduce")
             for overlap in ((False, True) if overlappable else (False,)):
                 t = step_time(m, lay, c, cluster, overlap)
                 out.append(Candidate(lay, schemes, overlap, t, channel_bytes(m, lay, c), gap, c))

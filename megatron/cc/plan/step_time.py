@@ -136,7 +136,7 @@ def _bwd_name(c) -> str:
 
 
 def _dp_codec(c) -> str:
-    mode = c.dp_mode_name
+    mode = c.dp_mode
     if mode == "allreduce":
         return "powersgd" if c.grad_comp else "none"
     if mode == "diloco":
@@ -176,7 +176,7 @@ def _bw(cluster, level, flows):
 
 
 def _exposed_dp(c, t: float, step: float, t_b: float, period: float, overlap: bool) -> float:
-    mode = c.dp_mode_name
+    mode = c.dp_mode
     if mode == "cocktail_sgd" and not c.cocktail_no_overlap:
         return max(0.0, t - step)
     if mode in ("diloco", "sparseloco"):
@@ -257,6 +257,6 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
         pp_t = ((pp - 1) * msg + (M * vp - 1) * max(0.0, msg - slot) if overlap
                 else (M * vp + pp - 2) * msg)
     dp_t = dp_seconds(m, layout, c, cluster, compute + bubble, t_b,
-                      overlap and c.dp_mode_name == "allreduce")
+                      overlap and c.dp_mode == "allreduce")
     return StepTime(compute, bubble, pp_t, dp_t, emb_seconds(m, layout, c, cluster, totals),
                     (M + (pp - 1) / vp) * t_tp)

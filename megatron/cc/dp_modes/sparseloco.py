@@ -1,0 +1,63 @@
+"""--dp-mode sparseloco: DiLoCo's loop with SparseLoCo's exchange (top-k per chunk of the
+pseudo-gradient plus a decayed error buffer, low-bit values, all-gathered) and a plain outer
+SGD step (megatron/cc/grad_sync/sparseloco.py)."""
+from dataclasses import dataclass
+
+from megatron.cc.compress.chunk_topk import ChunkTopKCodec
+from megatron.cc.config_fields import ConfigError, flag
+from megatron.cc.dp_modes.diloco import DiLoCoLoop
+from megatron.cc.grad_sync.sparseloco import SparseLoCoSync
+
+
+@dataclass
+class SparseLoCo(DiLoCoLoop):
+    name = "sparseloco"
+    own_group = quantises = True
+    sparseloco_outer_lr: float = flag(
+        1.0, "sparseloco: learning rate alpha of the outer SGD (no momentum: the decayed error "
+             "buffer takes its place), > 0.")
+    sparseloco_outer_momentum: float = flag(
+        0.0, "sparseloco: Nesterov momentum of the outer SGD over the decoded sparse mean, in "
+             "[0, 1) (0, the paper's: the decayed error buffer takes its place).")
+    sparseloco_error_decay: float = flag(
+        0.95, "sparseloco: beta in e <- beta e + pseudo-gradient before the top-k, in [0, 1].")
+    sparseloco_density: float = flag(
+        1 / 64, "sparseloco: share k / C of every chunk sent, in (0, 1] (k = round(density C), "
+                "at least 1; 1 sends every value, without indices).")
+    sparseloco_chunk_size: int = flag(
+        4096, "sparseloco: C, values per top-k chunk of the flat pseudo-gradient; a kept "
+              "position costs ceil(log2 C) bits (12 at 4096). Must divide the tied "
+              "embedding's size.")
+    sparseloco_bits: int = flag(
+        2, "sparseloco: bits per kept value, 1..8 (--quant-scheme), one 16-bit scale per "
+           "chunk.")
+
+    @staticmethod
+    def check(c, pp: int, dp: int) -> None:
+        DiLoCoLoop.check(c, pp, dp)
+        if not 0.0 < c.sparseloco_density <= 1.0:
+            raise ConfigError(f"--sparseloco-density must be in (0, 1], got "
+                              f"{c.sparseloco_density}")
+        if c.sparseloco_chunk_size < 1:
+            raise ConfigError(f"--sparseloco-chunk-size must be >= 1, got "
+                              f"{c.sparseloco_chunk_size}")
+        if not 1 <= c.sparseloco_bits <= 8:
+            raise ConfigError(f"--sparseloco-bits must be in 1..8, got {c.sparseloco_bits}")
+        if not 0.0 <= c.sparseloco_error_decay <= 1.0:
+            raise ConfigError(f"--sparseloco-error-decay must be in [0, 1], got "
+                              f"{c.sparseloco_error_decay}")
+        if c.sparseloco_outer_lr <= 0:
+            raise ConfigError(f"--sparseloco-outer-lr must be > 0, got {c.sparseloco_outer_lr}")
+        if not 0.0 <= c.sparseloco_outer_momentum < 1.0:
+            raise ConfigError(f"--sparseloco-outer-momentum must be in [0, 1), got "
+                              f"{c.sparseloco_outer_momentum}")
+
+    @staticmethod
+    def build(c, topo, stats, run):
+        # the codec's stochastic rounding draws differently on every replica
+        codec = ChunkTopKCodec(c.sparseloco_density, c.sparseloco_chunk_size, c.sparseloco_bits,
+                               c.stochastic_rounding, run.seed + topo.dp_rank, c.quant_scheme)
+        return SparseLoCoSync(topo.dp_group, stats, codec, c.diloco_inner_steps,
+                              c.sparseloco_outer_lr, c.sparseloco_error_decay, c.diloco_fragments,
+                              c.diloco_sync_delay, reduce_group=DiLoCoLoop.reduce_group(c, topo),
+                              outer_momentum=c.sparseloco_outer_momentum)
