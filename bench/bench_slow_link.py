@@ -72,8 +72,15 @@ CONFIGS: Dict[str, tuple] = {
     "sparseloco-dp": ("dp", ["--dp-mode", "sparseloco", "--diloco-inner-steps", "15"]),
     "uncompressed-both": ("both", []),
     "everything": ("both", FP4 + CB + LEP + SC),
+    # tp = 2 inside each side, the pipeline across: Megatron v2.5's scatter-gather sends (the
+    # default), whole messages from each tp rank, sequence parallelism's shards
+    "tp2-uncompressed": ("pp-tp2", []),
+    "tp2-no-scatter-gather": ("pp-tp2", ["--no-scatter-gather-tensors-in-pipeline"]),
+    "tp2-sp": ("pp-tp2", ["--sequence-parallel"]),
+    "tp2-sp-all-pipeline": ("pp-tp2", ["--sequence-parallel"] + FP4 + CB + LEP),
 }
-PLACEMENT = {"pp": (2, 1), "dp": (2, 2), "both": (2, 2)}       # placement -> (pp, dp)
+# placement -> (pp, dp, tp)
+PLACEMENT = {"pp": (2, 1, 1), "dp": (2, 2, 1), "both": (2, 2, 1), "pp-tp2": (2, 1, 2)}
 
 
 def with_virtual(names: List[str], vp: Optional[int]) -> List[str]:
@@ -87,13 +94,14 @@ def with_virtual(names: List[str], vp: Optional[int]) -> List[str]:
     for name in names:
         out.append(name)
         placement, flags = CONFIGS[name]
-        if placement in ("pp", "both") and "-vp" not in name:
+        if placement in ("pp", "both", "pp-tp2") and "-vp" not in name:
             twin = f"{name}-vp{vp}"
             CONFIGS[twin] = (placement, flags + ["--virtual-pipeline-model-parallel-size",
                                                  str(vp)])
             out.append(twin)
     return out
-CROSSING = {"pp": ("pp-fwd", "pp-bwd"), "dp": ("dp",), "both": ("pp-fwd", "pp-bwd", "dp")}
+CROSSING = {"pp": ("pp-fwd", "pp-bwd"), "dp": ("dp",), "both": ("pp-fwd", "pp-bwd", "dp"),
+            "pp-tp2": ("pp-fwd", "pp-bwd")}
 OVERLAP_FLAGS = ["--overlap-p2p-comm", "--overlap-grad-reduce"]
 _RATE = re.compile(r"^\d+(\.\d+)?(kbit|mbit|gbit)$")
 
@@ -285,18 +293,20 @@ def require_root() -> None:
 
 
 # ------------------------------------------------------------------------------ one run
-def side_of(rank: int, placement: str, dp: int) -> int:
-    """0 (A) or 1 (B); megatron-core orders ranks tp, dp, pp (pp slowest), tp = 1 here."""
-    stage, replica = divmod(rank, dp)
-    return {"pp": stage, "dp": replica, "both": (stage + replica) % 2}[placement]
+def side_of(rank: int, placement: str, dp: int, tp: int = 1) -> int:
+    """0 (A) or 1 (B); megatron-core orders ranks tp, dp, pp (pp slowest): a tp group stays on
+    one side."""
+    stage, replica = divmod(rank // tp, dp)
+    return {"pp": stage, "dp": replica, "both": (stage + replica) % 2, "pp-tp2": stage}[placement]
 
 
 def run_one(link: SlowLink, name: str, rate: str, overlap: bool, iters: int, skip: int,
             microbatches: int, timeout: float, port: int, log_dir: str) -> dict:
     placement, flags = CONFIGS[name]
-    pp, dp = PLACEMENT[placement]
-    world = pp * dp
+    pp, dp, tp = PLACEMENT[placement]
+    world = pp * dp * tp
     argv = MODEL + ["--pipeline-model-parallel-size", str(pp), "--train-iters", str(iters),
+                    "--tensor-model-parallel-size", str(tp),
                     "--global-batch-size", str(4 * microbatches * dp)] + flags \
         + (OVERLAP_FLAGS if overlap else [])
     procs = []
@@ -307,7 +317,7 @@ def run_one(link: SlowLink, name: str, rate: str, overlap: bool, iters: int, ski
     with open(log_path, "w") as log:
         try:
             for rank in range(world):
-                side = side_of(rank, placement, dp)
+                side = side_of(rank, placement, dp, tp)
                 # GROUP_RANK: each side of the link is a node (the log's inter-node fields)
                 env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
                            GROUP_RANK=str(side),

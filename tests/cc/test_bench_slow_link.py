@@ -87,6 +87,8 @@ def test_placement_puts_the_channel_under_test_across_the_link():
     assert [bsl.side_of(r, "pp", 1) for r in range(2)] == [0, 1]
     assert [bsl.side_of(r, "dp", 2) for r in range(4)] == [0, 1, 0, 1]
     assert [bsl.side_of(r, "both", 2) for r in range(4)] == [0, 1, 1, 0]
+    # tp 2: a tensor-parallel pair stays on one side, the pipeline crosses
+    assert [bsl.side_of(r, "pp-tp2", 1, 2) for r in range(4)] == [0, 0, 1, 1]
 
 
 class FakeIp:
