@@ -19,7 +19,7 @@ NCCL_GROUP, GLOO_GROUP = object(), object()
 
 
 def _fake_trainer(transport_group):
-    args = types.SimpleNamespace(pp=2, compat=types.SimpleNamespace(pp_mode="1f1b"),
+    args = types.SimpleNamespace(pp=2, vp=1, compat=types.SimpleNamespace(pp_mode="1f1b"),
                                  parallel=types.SimpleNamespace(overlap_p2p_comm=True))
     return types.SimpleNamespace(
         args=args, iteration=0, batches=types.SimpleNamespace(num_microbatches=4),
