@@ -2,7 +2,6 @@
 import glob
 import json
 import os
-import re
 import sysconfig
 
 import pytest
@@ -63,20 +62,3 @@ def tiny_gpt_argv(corpus, **overrides):
             argv += [f"--{k}", str(v)]
     return argv
 
-
-_SPAWNS = re.compile(r"run_distributed|torchrun|subprocess|mp\.spawn|Popen")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under `pytest -n 2 --dist loadgroup` (make test), every test of a file that starts
-    processes runs on one worker, one after another: two 8-rank runs side by side on a 2-core
-    machine would each take twice as long and crowd their collective timeouts. The other worker
-    takes the single-process tests meanwhile."""
-    sources = {}
-    for item in items:
-        path = str(item.fspath)
-        if path not in sources:
-            with open(path, encoding="utf-8") as f:
-                sources[path] = bool(_SPAWNS.search(f.read()))
-        if sources[path]:
-            item.add_marker(pytest.mark.xdist_group("processes"))
