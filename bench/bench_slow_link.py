@@ -390,7 +390,8 @@ def table(records: List[dict]) -> str:
             if not (s or o):
                 continue
             base_name = {"pp": "uncompressed", "dp": "uncompressed-dp",
-                         "both": "uncompressed-both"}[(s or o)["placement"]]
+                         "both": "uncompressed-both", "pp-tp2": "tp2-uncompressed"}[
+                (s or o)["placement"]]
             base = by.get((base_name, rate, False))
             best = min(x["ms_per_iter"] for x in (s, o) if x)
             own = [by.get((name, "none", ov)) for ov in (False, True)]
