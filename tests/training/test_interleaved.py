@@ -156,26 +156,41 @@ ALL_COMPRESSED = {"forward-compress-method": "delta", "forward-bits": 8,
                   "train-iters": 6, "save-interval": 3}
 
 
-def _composed(rank, world, corpus, ckpt):
-    plain = runner.train(tiny_gpt_argv(corpus, **ALL), world)
-    straight = runner.train(tiny_gpt_argv(corpus, **ALL, **ALL_COMPRESSED, save=ckpt), world)
+# without the distributed optimizer the dp and emb channels are ours: SC and fused embedding
+# sync compress them too
+NO_DISTOPT = {k: v for k, v in ALL.items() if k != "use-distributed-optimizer"}
+DP_EMB_COMPRESSED = {"grad-comp": True, "grad-comp-rank": 2, "grad-comp-warm-up": 0,
+                     "emb-comm-opt": True}
+
+
+def _resumed(rank, world, corpus, ckpt, flags):
+    """Straight 6 iterations saving at 3 and 6, then resumed from 3: (straight, resumed)."""
+    import torch.distributed as dist
+    straight = runner.train(tiny_gpt_argv(corpus, **flags, save=ckpt), world)
     if rank == 0:   # resume from the iteration-3 save (the run went on to save at 6)
         with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
             f.write("3")
-    import torch.distributed as dist
     dist.barrier()
-    resumed = runner.train(tiny_gpt_argv(corpus, **ALL, **ALL_COMPRESSED, load=ckpt, save=ckpt),
-                           world)
-    return plain, straight, resumed
+    return straight, runner.train(tiny_gpt_argv(corpus, **flags, load=ckpt, save=ckpt), world)
+
+
+def _composed(rank, world, corpus, ckpt):
+    plain = runner.train(tiny_gpt_argv(corpus, **ALL), world)
+    distopt = _resumed(rank, world, corpus, ckpt + "_distopt", {**ALL, **ALL_COMPRESSED})
+    every = _resumed(rank, world, corpus, ckpt + "_every",
+                     {**NO_DISTOPT, **ALL_COMPRESSED, **DP_EMB_COMPRESSED})
+    return plain, distopt, every
 
 
 def test_interleaving_sequence_parallel_and_distributed_optimizer_compose(
         tiny_corpus, reference, tmp_path):
     """(2,2,2), 2 chunks per rank, --sequence-parallel, --use-distributed-optimizer: the
     (1,1,1) losses within 1e-5; with the pipeline and tp channels compressed, resume is
-    bit-exact."""
-    plain, straight, resumed = run_distributed(
+    bit-exact, and so it is without the distributed optimizer with every channel compressed
+    (pipeline, tp, SC on dp, fused embedding sync)."""
+    plain, distopt, every = run_distributed(
         _composed, 8, (tiny_corpus, str(tmp_path / "ck")), timeout=900)[-1]
     for i, (a, b) in enumerate(zip(plain, reference)):
         assert abs(a - b) <= REL_TOL * abs(b), (i, a, b)
-    assert len(straight) == 6 and resumed == straight[3:], (straight, resumed)
+    for straight, resumed in (distopt, every):
+        assert len(straight) == 6 and resumed == straight[3:], (straight, resumed)
