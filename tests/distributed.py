@@ -7,11 +7,11 @@ initialised on gloo (OMP_NUM_THREADS=1); its return value (picklable) comes back
 `results[rank]`. An exception on any rank, or the timeout, kills every rank and raises here
 with the failing rank's traceback, so a broken collective fails the test instead of hanging it.
 
-On CPU machines ranks are forked from a forkserver that has imported torch, megatron-core and the driver once
-per test session: a spawned rank spends ~4.5 CPU seconds importing them, which at 4-8 ranks on
-a 2-core machine was most of a short test's time. Like spawn, each rank starts from fresh
-imports (no parent state, no threads); the parent's environment at call time is passed along,
-since a forkserver child would otherwise see the environment of the server's start.
+On CPU machines ranks are forked from a forkserver that has imported torch, megatron-core and
+the driver once per test session: a spawned rank spends ~4.5 CPU seconds importing them, which
+at 4-8 ranks on a 2-core machine was most of a short test's time. As with spawn, a rank holds
+none of the test process's state (the server only imported); the parent's environment at call
+time is passed along, since a forkserver child would otherwise see the server's.
 """
 import functools
 import os
