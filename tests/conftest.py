@@ -61,4 +61,3 @@ def tiny_gpt_argv(corpus, **overrides):
         elif v is not None and v is not False:
             argv += [f"--{k}", str(v)]
     return argv
-

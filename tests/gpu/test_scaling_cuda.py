@@ -2,37 +2,26 @@
 weights and Adam moments by name, resume bit-exact on NCCL) and the sequence-parallel and
 interleaved layouts with compressed pipelines on one GPU (4 ranks over gloo) against (1,1,1).
 Skipped without CUDA; the CPU tiers test the same paths on gloo (tests/training)."""
-import os
-
 import pytest
 import torch
 
 from tests.conftest import tiny_gpt_argv
 from tests.gpu.launch import backend_flags, run_ranks
+from tests.gpu.test_training_cuda import _bf16_resume, main_weights_by_name
 from tests.training import runner
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 ONE = backend_flags(1)
 
 
-def _distopt_resume(rank, world, corpus, ckpt):
-    common = {"train-iters": 6, "bf16": True, "use-distributed-optimizer": True, **ONE}
-    straight = runner.train(tiny_gpt_argv(corpus, **common), world)
-    runner.train(tiny_gpt_argv(corpus, **common, save=ckpt, **{"exit-interval": 3}), world)
-    resumed = runner.train(tiny_gpt_argv(corpus, **common, load=ckpt), world)
-    return straight, resumed
-
-
 def test_bf16_distributed_optimizer_resume_is_exact(tiny_corpus, tmp_path):
     ckpt = str(tmp_path / "distopt")
-    straight, resumed = run_ranks(_distopt_resume, 1, (tiny_corpus, ckpt), timeout=600)[0]
+    straight, resumed = run_ranks(_bf16_resume, 1, (tiny_corpus, ckpt,
+                                                    {"use-distributed-optimizer": True}),
+                                  timeout=600)[0]
     print(f"\nbf16 distributed optimizer: straight {straight[3:]} resumed {resumed}")
     assert resumed == straight[3:], (resumed, straight)
-    sd = torch.load(os.path.join(ckpt, "iter_0000003", "mp_rank_00", "model_optim_rng.pt"),
-                    map_location="cpu", weights_only=False)
-    entry = sd["optimizer_by_name"]["embedding.word_embeddings.weight"]
-    assert {"exp_avg", "exp_avg_sq", "main_param"} <= set(entry)
-    assert entry["main_param"].dtype == torch.float32
+    main_weights_by_name(ckpt)
 
 
 def _layouts(rank, world, corpus, flag_sets):

@@ -97,23 +97,31 @@ def test_resume_bit_exact_8_ranks_on_one_gpu(tiny_corpus, tmp_path):
     assert first == straight[:5] and resumed == straight[5:], (straight, resumed)
 
 
-def _bf16_resume(rank, world, corpus, ckpt):
-    common = {"train-iters": 6, "bf16": True, **ONE}
+def _bf16_resume(rank, world, corpus, ckpt, extra=None):
+    """6 bf16 iterations straight, then 3 + save + load + 3: (straight, resumed)."""
+    common = {"train-iters": 6, "bf16": True, **(extra or {}), **ONE}
     straight = runner.train(tiny_gpt_argv(corpus, **common), world)
     runner.train(tiny_gpt_argv(corpus, **common, save=ckpt, **{"exit-interval": 3}), world)
     resumed = runner.train(tiny_gpt_argv(corpus, **common, load=ckpt), world)
     return straight, resumed
 
 
-def test_bf16_resume_is_exact_and_reshard_keeps_optimizer_state(tiny_corpus, tmp_path):
-    ckpt = str(tmp_path / "bf16")
-    straight, resumed = run_ranks(_bf16_resume, 1, (tiny_corpus, ckpt), timeout=600)[0]
-    assert resumed == straight[3:], (resumed, straight)
+def main_weights_by_name(ckpt: str) -> dict:
+    """The iteration-3 checkpoint's optimizer entry of the word embedding: Adam's moments and
+    the fp32 main weight, by name."""
     sd = torch.load(os.path.join(ckpt, "iter_0000003", "mp_rank_00", "model_optim_rng.pt"),
                     map_location="cpu", weights_only=False)
     entry = sd["optimizer_by_name"]["embedding.word_embeddings.weight"]
     assert {"exp_avg", "exp_avg_sq", "main_param"} <= set(entry)
     assert entry["main_param"].dtype == torch.float32
+    return entry
+
+
+def test_bf16_resume_is_exact_and_reshard_keeps_optimizer_state(tiny_corpus, tmp_path):
+    ckpt = str(tmp_path / "bf16")
+    straight, resumed = run_ranks(_bf16_resume, 1, (tiny_corpus, ckpt), timeout=600)[0]
+    assert resumed == straight[3:], (resumed, straight)
+    entry = main_weights_by_name(ckpt)
     from tools.checkpoint import reshard
     out = str(tmp_path / "bf16_tp2")
     assert reshard.main(["--load", ckpt, "--save", out, "--target-tensor-parallel-size", "2",

@@ -37,3 +37,14 @@ def train_with_stats(argv, world_size, channel):
         return ChannelStats.merge(snapshots).get(channel)
 
     return _run(argv, world_size, after_train=totals)
+
+
+def rewind(ckpt: str, iteration: int) -> None:
+    """Point Megatron's tracker file back at an earlier save (collective): a run saving at k and
+    2k then resumes from k, one run fewer than a separate k-iteration run."""
+    import os
+    dist.barrier()
+    if dist.get_rank() == 0:
+        with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write(str(iteration))
+    dist.barrier()

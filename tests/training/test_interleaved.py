@@ -165,12 +165,8 @@ DP_EMB_COMPRESSED = {"grad-comp": True, "grad-comp-rank": 2, "grad-comp-warm-up"
 
 def _resumed(rank, world, corpus, ckpt, flags):
     """Straight 6 iterations saving at 3 and 6, then resumed from 3: (straight, resumed)."""
-    import torch.distributed as dist
     straight = runner.train(tiny_gpt_argv(corpus, **flags, save=ckpt), world)
-    if rank == 0:   # resume from the iteration-3 save (the run went on to save at 6)
-        with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
-            f.write("3")
-    dist.barrier()
+    runner.rewind(ckpt, 3)   # resume from the iteration-3 save (the run went on to save at 6)
     return straight, runner.train(tiny_gpt_argv(corpus, **flags, load=ckpt, save=ckpt), world)
 
 
