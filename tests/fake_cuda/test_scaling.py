@@ -1,0 +1,102 @@
+"""Megatron's scaling features on a fake GPU: interleaved 1F1B's chunk links and sequence
+parallelism's tensor-parallel sums, inside `gpu.strict()` (a host read or a blocking copy down
+raises), on gloo and on NCCL.
+
+- Interleaved (pp 2, 2 chunks): each rank's InterleavedChannels as build_pipeline_channels
+  builds it from the flags; every virtual-stage boundary (0|1 within the pair, 1|2 over the
+  wrap-around link, 2|3) carries a forward and a backward message through the chunk's own
+  codecs, then the per-chunk codec state round-trips onto the GPU.
+- Sequence parallelism: the tp channel's reduce-scatter of a row-parallel output, its
+  backward all-gather and the norms' gradient sum, exact and with --mp-acti-comp's PowerSGD,
+  over a FakeGroup of 2 whose peer mirrors this rank (values prove nothing here; the CPU tests
+  tests/training/test_sequence_parallel.py check them).
+"""
+import pytest
+import torch
+
+from megatron.cc.p2p import Message
+from megatron.cc.stats import ChannelStats
+from tests.conftest import tiny_gpt_argv
+from tests.fake_cuda.fake_gpu import FakeGroup, real_copy
+from tests.fake_cuda.test_pipeline_channels import B, FLAGS, H, S
+
+
+def _interleaved(stage, flags, corpus):
+    """build_pipeline_channels as pp rank `stage` of a pp=2 job with 2 model chunks does."""
+    from megatron.training.arguments import parse_args
+    from megatron.training.channels import build_pipeline_channels
+    from megatron.training.topology import Topology
+    argv = tiny_gpt_argv(corpus, **{"num-layers": 4, "seq-length": S, "hidden-size": H,
+                                   "micro-batch-size": B, "global-batch-size": 2,
+                                   "pipeline-model-parallel-size": 2,
+                                   "virtual-pipeline-model-parallel-size": 2,
+                                   "distributed-backend": "gloo", **flags})
+    args = parse_args(argv, world_size=2)
+    topo = Topology(rank=stage, world_size=2, tp_rank=0, tp_size=1, pp_rank=stage, pp_size=2,
+                    is_first=stage == 0, is_last=stage == 1, prev_rank=1 - stage,
+                    next_rank=1 - stage, dp_rank=0, dp_size=1, pp_ranks=(0, 1), dp_ranks=(stage,),
+                    device=torch.device("cuda", torch.cuda.current_device()))
+    config = type("Config", (), {"pipeline_dtype": torch.bfloat16})()
+    return build_pipeline_channels(args, config, ChannelStats(), topo, epoch_samples=8)
+
+
+# (sender rank, sender chunk) -> (receiver rank, receiver chunk): virtual stage c pp + r
+BOUNDARIES = [((0, 0), (1, 0)), ((1, 0), (0, 1)), ((0, 1), (1, 1))]
+
+
+def _exchange_chunks(gpu, ranks, iteration=0):
+    for (sr, sc), (rr, rc) in BOUNDARIES:
+        msg = Message(microbatch=0, iteration=iteration, sample_ids=torch.arange(B))
+        sender, receiver = ranks[sr].chunk(sc), ranks[rr].chunk(rc)
+        with gpu.strict():
+            sender.send_forward(torch.randn(S, B, H).to(gpu.device, torch.bfloat16), msg)
+            x = receiver.recv_forward(msg)
+            receiver.send_backward(torch.randn(S, B, H).to(gpu.device, torch.bfloat16), msg)
+            g = sender.recv_backward(msg)
+        for t in (x, g):
+            assert t.device == gpu.device and t.dtype == torch.bfloat16 and t.shape == (S, B, H)
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+@pytest.mark.parametrize("codecs", ["uncompressed", "fixpoint", "delta", "cb-lep"])
+def test_interleaved_chunk_links(fake_gpu, tiny_corpus, codecs, backend):
+    with fake_gpu(backend=backend) as gpu:
+        ranks = [_interleaved(r, FLAGS[codecs], tiny_corpus) for r in (0, 1)]
+        start = len(gpu.events)
+        _exchange_chunks(gpu, ranks)
+        syncs = gpu.syncs(since=start)
+        if backend == "gloo":   # the staging's one wait per batch with a send, nothing else
+            assert syncs and all(e.kind == "sync" and "megatron/cc/transport.py" in e.where
+                                 for e in syncs)
+        else:
+            assert syncs == []
+        with gpu.lenient():
+            states = [real_copy(r.state_dict()) for r in ranks]
+        again = [_interleaved(r, FLAGS[codecs], tiny_corpus) for r in (0, 1)]
+        for r, sd in zip(again, states):
+            r.load_state_dict(sd)
+        _exchange_chunks(gpu, again, iteration=1)
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+@pytest.mark.parametrize("compressed", [False, True], ids=["exact", "mp-acti-comp"])
+def test_sequence_parallel_tp_sums(fake_gpu, backend, compressed):
+    from megatron.cc.tp_reduce import LowRankSum, TensorParallelReduce
+    with fake_gpu(backend=backend) as gpu:
+        stats = ChannelStats()
+        reduce = TensorParallelReduce(FakeGroup(2, 0, backend), stats,
+                                      forward=LowRankSum(rank=2) if compressed else None)
+        partial = torch.randn(S, B, H).to(gpu.device)
+        norm_grads = [torch.randn(H).to(gpu.device) for _ in range(2)]
+        with gpu.strict():
+            block = reduce.forward_scatter(partial, "layer0.linear_proj")
+            whole = reduce.backward_gather(block)
+            reduce.sum_grads(norm_grads)
+        assert block.device == gpu.device and block.shape == (S // 2, B, H)
+        assert whole.device == gpu.device and whole.shape == (S, B, H)
+        assert all(g.device == gpu.device for g in norm_grads)
+        assert all(q.device == gpu.device for q in reduce.qs.values())
+        assert gpu.syncs(since=0, kind="read") == []
+        # a reduce-scatter and an all-gather of S B H fp32 (half an all-reduce each), the grads
+        assert stats.raw["tp"] == 2 * (S * B * H * 4 // 2) + 2 * H * 4
+        assert stats.messages["tp"] == 3
