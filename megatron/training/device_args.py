@@ -72,9 +72,11 @@ def validate_gpu_args(args) -> None:
     g, c = args.gpu, args.compression
     g.validate(args.model.fp16)
     ddp_owned = g.use_distributed_optimizer
-    if ddp_owned and (c.grad_comp or (c.emb_comm_opt and args.pp > 1)):
-        raise ConfigError("--use-distributed-optimizer runs megatron-core's own gradient sync: "
-                          "drop --grad-comp and --emb-comm-opt, or this flag")
+    if ddp_owned and c.dp_mode != "allreduce":
+        raise ConfigError(f"--dp-mode {c.dp_mode} exchanges its own state between the replicas, "
+                          f"which --use-distributed-optimizer's sharded step does not follow; "
+                          f"use --dp-mode allreduce (with --grad-comp to compress it) or drop "
+                          f"--use-distributed-optimizer")
     if ddp_owned and c.dp_backend is not None:
         raise ConfigError("--dp-backend gives the dp channel its own group, which megatron-core's "
                           "own gradient sync (--use-distributed-optimizer) "

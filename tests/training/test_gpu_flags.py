@@ -16,8 +16,8 @@ from megatron.training.arguments import ConfigError, parse_args
     (["--overlap-param-gather"], "--overlap-param-gather needs --use-distributed-optimizer"),
     (["--dp-backend", "nccl"], "--dp-backend nccl needs GPUs"),
     (["--pp-backend", "nccl"], "--pp-backend nccl needs CUDA"),
-    (["--use-distributed-optimizer", "--grad-comp", "--pipeline-model-parallel-size", "2"],
-     "drop --grad-comp"),
+    (["--use-distributed-optimizer", "--dp-mode", "diloco"],
+     "--dp-mode diloco exchanges its own state"),
     (["--use-distributed-optimizer", "--dp-backend", "gloo"], "--dp-backend gives the dp channel"),
     (["--bf16"], "need GPUs"),
 ])

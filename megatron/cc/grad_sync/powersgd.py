@@ -35,7 +35,8 @@ import torch.distributed as dist
 from megatron.cc.compress.lowrank import orthogonalize_
 from megatron.cc.grad_sync.channel import SyncChannel
 from megatron.cc.grad_sync.sync import (ExactDataParallelSync, check_ddp_supported,
-                                        grad_reduce_factor, shared_embedding_weight)
+                                        grad_reduce_factor, param_gather_bytes,
+                                        shared_embedding_weight)
 from megatron.cc.stats import ChannelStats
 
 NamedMatrices = List[Tuple[str, torch.Tensor]]  # (parameter name, gradient viewed as n x m)
@@ -94,7 +95,7 @@ class PowerSGDDataParallelSync(SyncChannel):
         compress, exact, factor = self._layout_of(model)
         sent, raw = self.reduce(compress, exact, factor)
         if self.world > 1:
-            self.stats.add("dp", sent, raw)
+            self.stats.add("dp", sent + param_gather_bytes(model), raw)
 
     def _layout_of(self, model):
         """(matrices to compress, tensors to all-reduce exactly, reduce factor); cached."""

@@ -39,14 +39,24 @@ def shared_embedding_weight(model):
 
 
 def check_ddp_supported(model, why: str = "compressed / fused gradient sync") -> None:
-    """Our dp channels replace megatron DDP's own grad all-reduce: it must not run by itself."""
-    cfg = model.ddp_config
-    if cfg.overlap_grad_reduce or cfg.use_distributed_optimizer:
-        raise NotImplementedError(f"{why}: needs megatron DDP with overlap_grad_reduce=False "
-                                  f"and use_distributed_optimizer=False (drop "
-                                  f"--use-distributed-optimizer, or use NCCL)")
+    """Our dp channels replace megatron DDP's own grad all-reduce: it must not run by itself.
+    The distributed optimizer is fine: these channels leave every rank's buffer whole and
+    averaged, of which its optimizer shard reads its own range (in place of DDP's
+    reduce-scatter)."""
+    if model.ddp_config.overlap_grad_reduce:
+        raise NotImplementedError(f"{why}: needs megatron DDP with overlap_grad_reduce=False")
     if getattr(model, "expert_parallel_buffers", None):
         raise NotImplementedError("expert-parallel (MoE) grad buffers are not supported")
+
+
+def param_gather_bytes(model) -> int:
+    """What megatron-core's distributed optimizer all-gathers after the step (the updated
+    parameters, exact) when one of our channels reduced the grads instead of its
+    reduce-scatter: half an all-reduce of the parameter buffers, the channel's unit (its own
+    reduce-scatter + all-gather is counted as the one all-reduce of the grads)."""
+    if not model.ddp_config.use_distributed_optimizer:
+        return 0
+    return sum(b.param_data.numel() * b.param_data.element_size() for b in model.buffers) // 2
 
 
 def coalescing_refused(model, group) -> bool:
@@ -119,6 +129,10 @@ class ExactDataParallelSync(SyncChannel):
         else:
             check_ddp_supported(model)
             n = allreduce_buckets(model, self.group, exclude=() if weight is None else (weight,))
+            gathered = param_gather_bytes(model)
+            if self.world > 1:
+                self.stats.add("dp", n + gathered, n)
+            return
         if self.world > 1:
             self.stats.add("dp", n, n)
 
