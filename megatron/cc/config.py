@@ -1,6 +1,7 @@
-"""Configuration of every compression channel (fwd, bwd, dp, emb), one dataclass; the dp and
-pipeline channels' fields come from their plug-ins (megatron/cc/dp_modes/, one file per
---dp-mode; megatron/cc/pp_methods/, one per --forward- / --backward-compress-method).
+"""Configuration of every compression channel (fwd, bwd, dp, emb), one dataclass; the dp,
+pipeline and emb channels' fields come from their plug-ins (megatron/cc/dp_modes/, one file
+per --dp-mode; megatron/cc/pp_methods/, one per --forward- / --backward-compress-method;
+megatron/cc/emb_methods/).
 
 The library (megatron.cc) receives this object in constructors and never reads flags itself;
 the training driver generates the flags from these fields (megatron.training.config_flags).
@@ -10,11 +11,12 @@ from typing import Optional
 
 from megatron.cc.config_fields import ConfigError, flag
 from megatron.cc.dp_modes import DpConfig
+from megatron.cc.emb_methods import EmbConfig
 from megatron.cc.pp_methods import LowRank, PpConfig
 
 
 @dataclass
-class CompressionConfig(DpConfig, PpConfig):
+class CompressionConfig(DpConfig, PpConfig, EmbConfig):
     check_comp_ratio: bool = flag(
         False, "Log bytes sent per channel and the ratio against uncompressed bytes "
                "(always counted; this also prints a per-channel summary at the end).")
@@ -41,32 +43,6 @@ class CompressionConfig(DpConfig, PpConfig):
     quality_budget: float = flag(
         2.0, "--compression auto: largest expected validation-loss gap in percent "
              "(megatron/cc/plan/quality.py's measured gaps; unmeasured schemes are left out).")
-
-    # ---- emb channel: Optimus-CC fused embedding synchronisation (FE)
-    emb_comm_opt: bool = flag(
-        False, "Fused embedding sync: the tied embedding gradient takes one all-reduce over "
-               "the first and last stage of every replica (one group per TP rank) instead of "
-               "the dp all-reduce plus the first/last-stage sum; lossless. With "
-               "pipeline size 1 there is no embedding channel and this changes nothing.")
-    # ---- emb channel: Optimus-CC embedding gradient compression (lossy)
-    emb_grad_comp: bool = flag(
-        False, "PowerSGD on the tied embedding gradient's sum between the first and last "
-               "stage: P and Q all-reduced over the embedding group (one replica, after the dp "
-               "all-reduce), or with --emb-comm-opt over the fused group (every replica). Lossy; "
-               "Q warm-started; exact during --emb-grad-comp-warm-up.")
-    emb_grad_comp_type: str = flag(
-        "PowerSGD", "Reducer of --emb-grad-comp (Optimus-CC implements PowerSGD only).",
-        choices=["PowerSGD"])
-    emb_grad_comp_rank: int = flag(
-        4, "Rank r of the embedding PowerSGD (Optimus-CC default 4). Where r (V/tp + H) >= "
-           "(V/tp) H the gradient is summed exactly instead.")
-    emb_grad_comp_warm_up: float = flag(
-        0.1, "Fraction of --train-iters (from the start) whose embedding sync is exact; in "
-             "[0, 1).")
-    emb_use_error_feedback: bool = flag(
-        False, "--emb-grad-comp keeps each stage's share of the residual (E = M - M_hat / "
-               "members; the shares sum to the whole residual) and adds it to its next "
-               "gradient.")
 
     # ---- tp channel: Optimus-CC's tensor-parallel compression (megatron/cc/tp_reduce.py)
     mp_acti_comp: bool = flag(
@@ -144,26 +120,10 @@ class CompressionConfig(DpConfig, PpConfig):
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, needs, flag_ in (("inter_grad_comp_type", self.compressed_backprop,
                                     "--inter-grad-comp"),
-                                   ("emb_grad_comp_type", self.emb_grad_comp, "--emb-grad-comp"),
-                                   ("emb_grad_comp_rank", self.emb_grad_comp, "--emb-grad-comp"),
-                                   ("emb_grad_comp_warm_up", self.emb_grad_comp,
-                                    "--emb-grad-comp"),
-                                   ("emb_use_error_feedback", self.emb_grad_comp,
-                                    "--emb-grad-comp"),
                                    *((f"mp_{what}_comp_{part}", getattr(self, f"mp_{what}_comp"),
                                       f"--mp-{what}-comp") for what in ("acti", "grad")
                                      for part in ("rank", "warm_up", "type"))):
             if getattr(self, name) != defaults[name] and not needs:
                 raise ConfigError(f"--{name.replace('_', '-')} configures {flag_}; add "
                                   f"{flag_} (or drop --{name.replace('_', '-')})")
-        if self.emb_grad_comp:
-            if pp < 2:
-                raise ConfigError("--emb-grad-comp compresses the tied embedding gradient "
-                                  "between the first and last pipeline stage; with "
-                                  "--pipeline-model-parallel-size 1 there is none: drop it")
-            if self.emb_grad_comp_rank < 1:
-                raise ConfigError(f"--emb-grad-comp-rank must be >= 1, got "
-                                  f"{self.emb_grad_comp_rank}")
-            if not 0.0 <= self.emb_grad_comp_warm_up < 1.0:
-                raise ConfigError(f"--emb-grad-comp-warm-up is a fraction of --train-iters in "
-                                  f"[0, 1), got {self.emb_grad_comp_warm_up}")
+        self.validate_emb(pp)

@@ -5,9 +5,8 @@ CompressionConfig, takes process groups and peers from the rank's Topology, and 
 to the library's constructors.
 """
 from megatron.cc.dp_modes import DpRun, build_dp_channel
-from megatron.cc.grad_sync import (EmbeddingSync, FusedEmbeddingSync, GradSync,
-                                   create_fused_embedding_group)
-from megatron.cc.grad_sync.emb_powersgd import EmbPowerSGDSync
+from megatron.cc.emb_methods import build_emb_channel
+from megatron.cc.grad_sync import GradSync
 from megatron.cc.diagnostics import OrthogonalityProbe
 from megatron.cc.p2p import InterleavedChannels, PipelineChannels, ScatterGather
 from megatron.cc.pp_methods import LinkSpec, pp_codec
@@ -136,21 +135,17 @@ def build_grad_sync(args, model, stats, topo, nodes=None) -> GradSync:
     parameter-syncing --dp-mode (creates the exchange groups): call on every rank.
     """
     c = args.compression
-    # pp == 1: the embedding goes with the dp sync; a --dp-mode has no all-reduce to fuse with
-    fused = c.emb_comm_opt and args.pp > 1 and not c.syncs_parameters
+    fused = c.fused_embedding(args.pp)
     mark_inter_node(stats, nodes, fused, topo)
     run = DpRun(seed=args.training.seed, comp_seed=comp_seed(args),
                 train_iters=args.training.train_iters,
                 tied_embedding=not args.model.untie_embeddings_and_output_weights,
                 exclude_embedding=fused, overlap_grad_reduce=args.parallel.overlap_grad_reduce,
                 bucket_size=args.parallel.ddp_bucket_size,
-                num_microbatches=args.num_microbatches, speed=speed_meter(args, stats))
+                num_microbatches=args.num_microbatches, speed=speed_meter(args, stats),
+                group_timeout=group_timeout(args))
     dp = build_dp_channel(c, topo, stats, run)
-    member = topo.is_first or topo.is_last   # holds a copy of the tied embedding
-    if fused:
-        group = create_fused_embedding_group(topo.tp_rank, member, timeout=group_timeout(args))
-        return GradSync(dp, emb_channel(args, FusedEmbeddingSync(group, stats, args.dp), stats))
-    return GradSync(dp, emb_channel(args, EmbeddingSync(topo.emb_group, stats), stats))
+    return GradSync(dp, build_emb_channel(c, topo, stats, run, args.pp))
 
 
 def mark_inter_node(stats, nodes, fused: bool, topo) -> None:
@@ -159,15 +154,3 @@ def mark_inter_node(stats, nodes, fused: bool, topo) -> None:
     stats.leaves_node["dp"] = spans_nodes(nodes, topo.dp_ranks)
     stats.leaves_node["emb"] = spans_nodes(nodes, (topo.pp_ranks[0], topo.pp_ranks[-1])) or \
         (fused and stats.leaves_node["dp"])
-
-
-def emb_channel(args, exact, stats):
-    """The emb channel: `exact` (plain or fused sum), or PowerSGD over its group
-    (--emb-grad-comp; exact during its warm-up)."""
-    c = args.compression
-    if not c.emb_grad_comp:
-        return exact
-    return EmbPowerSGDSync(exact, stats, rank=c.emb_grad_comp_rank,
-                           warm_up_iters=int(c.emb_grad_comp_warm_up * args.training.train_iters),
-                           error_feedback=c.emb_use_error_feedback, seed=comp_seed(args),
-                           speed=speed_meter(args, stats))

@@ -76,7 +76,7 @@ def emb_bytes(m, layout, c, iteration) -> Optional[Dict[str, float]]:
     if layout.pp < 2 or not m.tied:
         return None
     n, shape = embedding_grad_bytes(m, layout.tp)
-    fused = c.emb_comm_opt and not c.syncs_parameters
+    fused = c.fused_embedding(layout.pp)
     raw = n * (2 if fused and layout.dp > 1 else 1)
     sent = n
     if c.emb_grad_comp and iteration >= int(c.emb_grad_comp_warm_up * layout.train_iters) \

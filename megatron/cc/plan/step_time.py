@@ -191,7 +191,7 @@ def emb_seconds(m, layout, c, cluster, totals) -> float:
     if "emb" not in totals:
         return 0.0
     place = placement(layout.tp, layout.dp, layout.pp)
-    fused = c.emb_comm_opt and not c.syncs_parameters
+    fused = c.fused_embedding(layout.pp)
     reps = range(layout.dp) if fused else [0]
     ranks = [place(0, d, s) for d in reps for s in (0, layout.pp - 1)]
     k = len(ranks)
