@@ -75,13 +75,18 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
         self.validate_auto()
         self.validate_pipeline_codecs(pp)
         self.validate_dp_mode(pp, dp)
-        self.validate_seed_options(pp)
+        self.validate_emb(pp)
         self.validate_tp_comp(tp)
 
     def validate_tp_comp(self, tp: int) -> None:
-        """--mp-acti-comp / --mp-grad-comp (their options without them: validate_seed_options)."""
+        """--mp-acti-comp / --mp-grad-comp, and their options given without them."""
         for what in ("acti", "grad"):
             on = getattr(self, f"mp_{what}_comp")
+            for part in ("rank", "warm_up", "type"):
+                name = f"mp_{what}_comp_{part}"
+                if getattr(self, name) != self.__dataclass_fields__[name].default and not on:
+                    raise ConfigError(f"--{name.replace('_', '-')} configures --mp-{what}-comp; "
+                                      f"add --mp-{what}-comp (or drop --{name.replace('_', '-')})")
             if on and tp == 1:
                 raise ConfigError(f"--mp-{what}-comp compresses the tensor-parallel "
                                   f"all-reduces; with --tensor-model-parallel-size 1 there are "
@@ -112,18 +117,3 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
             if f.name not in self.AUTO_KEEPS and getattr(self, f.name) != f.default:
                 raise ConfigError(f"--{f.name.replace('_', '-')} is chosen by --compression "
                                   f"auto; drop it, or use --compression manual")
-
-    def validate_seed_options(self, pp: int) -> None:
-        """Optimus-CC's emb compression, CB codec type, seed, and the options of
-        its tensor-parallel compression given without it."""
-        import dataclasses
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for name, needs, flag_ in (("inter_grad_comp_type", self.compressed_backprop,
-                                    "--inter-grad-comp"),
-                                   *((f"mp_{what}_comp_{part}", getattr(self, f"mp_{what}_comp"),
-                                      f"--mp-{what}-comp") for what in ("acti", "grad")
-                                     for part in ("rank", "warm_up", "type"))):
-            if getattr(self, name) != defaults[name] and not needs:
-                raise ConfigError(f"--{name.replace('_', '-')} configures {flag_}; add "
-                                  f"{flag_} (or drop --{name.replace('_', '-')})")
-        self.validate_emb(pp)

@@ -99,7 +99,8 @@ class StageLinks:
         except CacheTooLarge as e:
             raise ConfigError(f"[rank {me}] stage {self.topo.pp_rank} {channel} {role} end: "
                               f"{e}") from None
-        described = link.codec.describe() if channel == "pp-fwd" and link.codec is not None else None
+        codec = link.codec if channel == "pp-fwd" else None
+        described = codec.describe() if codec is not None else None
         if described is not None:
             peer_ = f"{'to' if role == 'sender' else 'from'} rank {peer}"
             print(f"[rank {me}] pp-fwd {peer_} ({role}): {described}", flush=True)

@@ -58,5 +58,6 @@ class PpMethod:
         codec = cls.codec(c, spec)
         if codec is not None and spec.speed is not None:
             codec = TimedCodec(codec, spec.speed, spec.channel)
-        return Link(spec.channel, spec.peer, codec, cls.policy(c, spec) if codec is not None else None,
-                    leaves_node=spec.leaves_node, tag=spec.tag)
+        policy = cls.policy(c, spec) if codec is not None else None
+        return Link(spec.channel, spec.peer, codec, policy, leaves_node=spec.leaves_node,
+                    tag=spec.tag)

@@ -84,6 +84,9 @@ class LowRank(PpMethod):
     @staticmethod
     def check_options(c) -> None:
         """CB's modifiers (after every method's `check` and the shared pipeline rules)."""
+        if c.inter_grad_comp_type != "PowerSGD" and not c.compressed_backprop:
+            raise ConfigError("--inter-grad-comp-type configures --inter-grad-comp; add "
+                              "--inter-grad-comp (or drop --inter-grad-comp-type)")
         if c.inter_grad_comp_rank < 1:
             raise ConfigError(f"--inter-grad-comp-rank must be >= 1, got "
                               f"{c.inter_grad_comp_rank}")
