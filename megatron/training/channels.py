@@ -81,7 +81,7 @@ def build_pipeline_channels(args, config, stats, topo, epoch_samples=None, nodes
 
 def _channels(args, config, stats, topo, links, transport=None) -> PipelineChannels:
     return PipelineChannels(activation_shape(args), config.pipeline_dtype, stats,
-                            transport=transport or pipeline_transport(args),
+                            transport=transport or pipeline_transport(args, topo),
                             scatter_gather=scatter_gather(args, topo),
                             device=topo.device, **links)
 
@@ -108,7 +108,7 @@ def build_interleaved_channels(args, config, stats, topo, epoch_samples=None,
     # at pp = 2 prev == next: both kinds cross each pair both ways, gloo tells them by tag
     tag = 1 if pp == 2 else 0
     n_fwd = sum(x is not None for ch in range(vp) for x in chunk_neighbours(rank, pp, ch, vp))
-    transport = pipeline_transport(args)   # one for every chunk (collective with --pp-backend)
+    transport = pipeline_transport(args, topo)   # one for every chunk (collective with --pp-backend)
     chunks = []
     for ch in range(vp):
         from_prev, from_next = chunk_neighbours(rank, pp, ch, vp)
