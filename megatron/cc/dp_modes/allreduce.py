@@ -84,6 +84,10 @@ class AllReduce(DpMode):
                               f"--grad-comp compresses; drop one of them")
 
     @staticmethod
+    def profile(c) -> str:
+        return "powersgd" if c.grad_comp else "none"
+
+    @staticmethod
     def build(c, topo, stats, run):
         group = topo.channel_group(topo.dp_group, c.dp_backend)   # collective
         exclude, overlap = run.exclude_embedding, run.overlap_grad_reduce

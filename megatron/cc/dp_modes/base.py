@@ -40,6 +40,11 @@ class DpMode:
         """Other modes' fields this mode reads with these settings."""
         return ()
 
+    @classmethod
+    def profile(cls, c) -> str:
+        """Its row of the planner's codec-throughput table (megatron/cc/plan/step_time.py)."""
+        return cls.name
+
     @staticmethod
     def check(c, pp: int, dp: int) -> None:
         """ConfigError (naming the flag and the fix) on a bad value; runs in every mode."""

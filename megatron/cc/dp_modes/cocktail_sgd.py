@@ -57,6 +57,10 @@ class CocktailSGD(DpMode):
                               ">= 0")
 
     @staticmethod
+    def profile(c) -> str:
+        return "cocktail"
+
+    @staticmethod
     def build(c, topo, stats, run):
         overlap = not c.cocktail_no_overlap
         group = topo.channel_group(topo.dp_group, c.dp_backend,

@@ -61,6 +61,11 @@ class DiLoCo(DiLoCoLoop):
             if c.diloco_compression == "cocktail" else ()
 
     @staticmethod
+    def profile(c) -> str:
+        name = c.diloco_compression
+        return name if name in ("none", "fp16", "int8", "cocktail") else "fixpoint-b"
+
+    @staticmethod
     def check(c, pp: int, dp: int) -> None:
         DiLoCoLoop.check(c, pp, dp)
         if c.diloco_outer_lr <= 0 or not 0.0 <= c.diloco_outer_momentum < 1.0:

@@ -38,6 +38,11 @@ class PpMethod:
     quantises: ClassVar[bool] = False   # --stochastic-rounding / --quant-scheme apply
     caches: ClassVar[bool] = False      # keeps a per-sample activation cache (epochs)
 
+    @classmethod
+    def profile(cls, c) -> str:
+        """Its row of the planner's codec-throughput table (megatron/cc/plan/step_time.py)."""
+        return cls.name
+
     @staticmethod
     def check(c, pp: int) -> None:
         """ConfigError (naming the flag and the fix) on a bad value; runs for every method."""

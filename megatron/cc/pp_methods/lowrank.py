@@ -68,6 +68,10 @@ class LowRank(PpMethod):
             c.inter_grad_comp_rank = c.backward_rank
 
     @staticmethod
+    def profile(c) -> str:
+        return CB_CODECS[c.inter_grad_comp_type]
+
+    @staticmethod
     def check(c, pp: int) -> None:
         if c.backward_rank is not None:
             if c.backward_compress_method != "lowrank":
