@@ -13,7 +13,7 @@ from typing import Optional
 from megatron.cc.compress import CacheTooLarge
 from megatron.cc.compress.delta import mem_available
 from megatron.cc.p2p import Link
-from megatron.cc.pp_methods import LinkSpec, pp_codec, pp_link, pp_warmup_iters
+from megatron.cc.pp_methods import LinkEnd, pp_codec, pp_link, pp_warmup_iters
 from megatron.training.config_flags import ConfigError
 from megatron.training.nodes import spans_nodes
 
@@ -40,10 +40,10 @@ def cache_capacity(args, epoch_samples: Optional[int]) -> int:
     return n
 
 
-def _spec(args, channel: str, seed: int, **kw) -> LinkSpec:
+def _spec(args, channel: str, seed: int, **kw) -> LinkEnd:
     """Sequence rows of a message: S, or S / tp with scatter-gather or sequence parallelism
     (the activation caches hold this rank's slice or shard of each sample)."""
-    return LinkSpec(channel, seed=seed, sample_shape=(args.pipeline_seq_length,
+    return LinkEnd(channel, seed=seed, sample_shape=(args.pipeline_seq_length,
                                                       args.model.hidden_size), **kw)
 
 
@@ -56,7 +56,7 @@ def forward_codec(args, capacity: int, seed: int, ram_limit: Optional[int], devi
 
 def fixpoint_backward_codec(args, seed: int):
     """Direct b-bit quantisation of activation gradients (AC-SGD / TAH-Quant backward)."""
-    return pp_codec(args.compression, "pp-bwd", LinkSpec("pp-bwd", seed=seed))
+    return pp_codec(args.compression, "pp-bwd", LinkEnd("pp-bwd", seed=seed))
 
 
 def _seed(args, sender_rank: int, channel: str, sender_chunk: int = 0) -> int:

@@ -21,7 +21,7 @@ from megatron.cc.grad_sync.powersgd import worth_compressing
 from megatron.cc.plan.dp_bytes import dp_bytes, embedding_grad_bytes
 from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
 from megatron.cc.p2p import Message
-from megatron.cc.pp_methods import LinkSpec, pp_codec, pp_method, pp_warmup_iters
+from megatron.cc.pp_methods import LinkEnd, pp_codec, pp_method, pp_warmup_iters
 from megatron.cc.stats import CHANNELS
 
 Totals = Dict[str, Dict[str, float]]
@@ -55,7 +55,7 @@ def _pp_bytes(m, layout, c, channel, iteration, warm: int) -> Dict[str, float]:
         layout.virtual_stages
     sent = 0
     for v in range(1, pp * vp) if codec is not None else ():
-        spec = LinkSpec(channel, warmup_iters=warm, sender_stage=v % pp, sender_chunk=v // pp,
+        spec = LinkEnd(channel, warmup_iters=warm, sender_stage=v % pp, sender_chunk=v // pp,
                         pp=pp, vp=vp, num_microbatches=M, train_iters=layout.train_iters)
         policy = pp_method(c, channel).policy(c, spec)
         for mb in range(M):

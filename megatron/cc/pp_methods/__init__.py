@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from megatron.cc.config_fields import ConfigError, flag
-from megatron.cc.pp_methods.base import LinkSpec, PpMethod
+from megatron.cc.pp_methods.base import LinkEnd, PpMethod
 from megatron.cc.pp_methods.delta import Delta
 from megatron.cc.pp_methods.delta_lowbits import DeltaLowbits
 from megatron.cc.pp_methods.fixpoint import Fixpoint
@@ -22,7 +22,7 @@ from megatron.cc.pp_methods.tah import TAH
 FWD = {m.name: m for m in (PpMethod, Fixpoint, Delta, DeltaLowbits, TAH)}
 BWD = {m.name: m for m in (PpMethod, FixpointBackward, LowRank)}
 
-__all__ = ["BWD", "FWD", "LinkSpec", "LowRank", "PpConfig", "pp_codec", "pp_link", "pp_method",
+__all__ = ["BWD", "FWD", "LinkEnd", "LowRank", "PpConfig", "pp_codec", "pp_link", "pp_method",
            "pp_warmup_iters"]
 
 
@@ -111,14 +111,14 @@ def pp_method(c, channel: str):
             else BWD[c.backward_compress_method])
 
 
-def pp_link(c, spec: LinkSpec):
+def pp_link(c, spec: LinkEnd):
     """This rank's finished end of one pipeline link (spec.channel: pp-fwd or pp-bwd)."""
     return pp_method(c, spec.channel).build(c, spec)
 
 
-def pp_codec(c, channel: str, spec: Optional[LinkSpec] = None):
+def pp_codec(c, channel: str, spec: Optional[LinkEnd] = None):
     """The codec of `channel` (None: uncompressed); the default spec sizes it (the planner)."""
-    return pp_method(c, channel).codec(c, spec or LinkSpec(channel))
+    return pp_method(c, channel).codec(c, spec or LinkEnd(channel))
 
 
 def pp_warmup_iters(c, iters_per_epoch: Optional[int] = None) -> int:

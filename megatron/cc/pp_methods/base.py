@@ -11,7 +11,7 @@ from megatron.cc.speed import TimedCodec
 
 
 @dataclass
-class LinkSpec:
+class LinkEnd:
     """One link end as its codec and policy need it; the defaults size a codec (the planner)."""
     channel: str = "pp-fwd"
     peer: int = 0
@@ -48,17 +48,17 @@ class PpMethod:
         """ConfigError (naming the flag and the fix) on a bad value; runs for every method."""
 
     @staticmethod
-    def codec(c, spec: LinkSpec):
+    def codec(c, spec: LinkEnd):
         """This link end's codec; None: always uncompressed."""
         return None
 
     @staticmethod
-    def policy(c, spec: LinkSpec):
+    def policy(c, spec: LinkEnd):
         """Which messages the codec compresses (None: all): here the pipeline warm-up."""
         return WarmupPolicy(spec.warmup_iters) if spec.warmup_iters else None
 
     @classmethod
-    def build(cls, c, spec: LinkSpec) -> Link:
+    def build(cls, c, spec: LinkEnd) -> Link:
         """The finished link end."""
         codec = cls.codec(c, spec)
         if codec is not None and spec.speed is not None:
