@@ -34,6 +34,7 @@ class LinkEnd:
 
 
 class PpMethod:
+    """The contract, and itself the method `none`: no codec, every message sent as it is."""
     name: ClassVar[str] = "none"
     quantises: ClassVar[bool] = False   # --stochastic-rounding / --quant-scheme apply
     caches: ClassVar[bool] = False      # keeps a per-sample activation cache (epochs)
