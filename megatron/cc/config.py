@@ -113,7 +113,8 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
                 raise ConfigError("--quality-budget is the budget of --compression auto; add "
                                   "--compression auto or drop it")
             return
-        for f in dataclasses.fields(self):
+        # the spellings folded at parse time first, so the message names the flag given
+        for f in sorted(dataclasses.fields(self), key=lambda f: f.name not in LowRank.FOLDED):
             if f.name not in self.AUTO_KEEPS and getattr(self, f.name) != f.default:
                 raise ConfigError(f"--{f.name.replace('_', '-')} is chosen by --compression "
                                   f"auto; drop it, or use --compression manual")

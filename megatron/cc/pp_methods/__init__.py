@@ -82,7 +82,8 @@ class PpConfig(*reversed([m for m in (*FWD.values(), *BWD.values()) if m is not 
 
     def validate_pipeline_codecs(self, pp: int) -> None:
         fwd, bwd = self.forward_compress_method, self.backward_compress_method
-        if pp == 1 and (fwd != "none" or bwd != "none"):
+        given = bwd != "none" and not (self.inter_grad_comp and bwd == "lowrank")   # as before
+        if pp == 1 and (fwd != "none" or given):
             raise ConfigError(f"--forward-compress-method {fwd} / --backward-compress-method "
                               f"{bwd} compress what crosses pipeline stages; with "
                               f"--pipeline-model-parallel-size 1 nothing does")

@@ -58,6 +58,8 @@ class LowRank(PpMethod):
                "LEP error and the change of the stage's input activation between consecutive "
                "micro-batches, and the mean magnitude of both.")
 
+    FOLDED = ("inter_grad_comp", "backward_rank")
+
     @staticmethod
     def fold(c) -> None:
         """One spelling from here on: --inter-grad-comp is the method lowrank, --backward-rank
