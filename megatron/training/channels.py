@@ -108,7 +108,7 @@ def build_interleaved_channels(args, config, stats, topo, epoch_samples=None,
     # at pp = 2 prev == next: both kinds cross each pair both ways, gloo tells them by tag
     tag = 1 if pp == 2 else 0
     n_fwd = sum(x is not None for ch in range(vp) for x in chunk_neighbours(rank, pp, ch, vp))
-    transport = pipeline_transport(args, topo)   # one for every chunk (collective with --pp-backend)
+    transport = pipeline_transport(args, topo)   # one for all chunks (collective: --pp-backend)
     chunks = []
     for ch in range(vp):
         from_prev, from_next = chunk_neighbours(rank, pp, ch, vp)
