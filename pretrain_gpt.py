@@ -30,7 +30,7 @@ def resolve_default_data(args) -> None:
     """No --data-path: train on the embedded corpus with its own tokenizer (built once, cached)."""
     if args.data.data_path:
         return
-    from megatron.training.corpus import default_assets
+    from tools.corpus import default_assets
     assets = default_assets()
     if not args.data.task_name:   # --task-name brings its own data, maybe not the tokenizer
         args.data.data_path = [assets.data_prefix]

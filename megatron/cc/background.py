@@ -34,10 +34,6 @@ from typing import Any, Callable, Optional
 import torch
 
 
-def _cuda_in_use() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
-
-
 class _CreatorDevice:
     """The creating thread's CUDA device and stream, a stream for the job, and an event
     marking what the creator's stream had queued when the job was made."""
@@ -87,7 +83,7 @@ class BackgroundCall:
         self.what = what
         self._value: Any = None
         self._error: Optional[BaseException] = None
-        self._cuda = _CreatorDevice() if _cuda_in_use() else None
+        self._cuda = _CreatorDevice() if torch.cuda.is_initialized() else None   # (never on CPU)
         self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True,
                                         name=name)
         self._thread.start()

@@ -13,6 +13,7 @@ with the wall clock. On CUDA each span records a pair of events on the current s
 finished record waits in a queue until its last event has completed (Event.query(): no host
 sync) and is observed then, possibly in the next log interval. Nothing here synchronises.
 """
+import math
 import time
 from collections import deque
 from typing import Optional
@@ -117,7 +118,7 @@ class TimedCodec:
         return payload
 
     def decode(self, payload, shape, dtype, ctx=None):
-        nbytes = _numel(shape) * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(map(int, shape)) * torch.empty((), dtype=dtype).element_size()
         rec = self.speed.record(self.channel, "decomp", payload[0], nbytes)
         with rec:
             out = self.codec.decode(payload, shape, dtype, ctx)
@@ -131,10 +132,3 @@ class TimedCodec:
 
     def __repr__(self) -> str:
         return f"TimedCodec({self.codec!r})"
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n

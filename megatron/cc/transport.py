@@ -7,7 +7,7 @@ is a host library: that wait is the transport's, not the codec's), receives land
 buffers and are copied up asynchronously. NCCL groups and CPU tensors go through untouched.
 With gloo on every group several ranks can share one GPU, which NCCL refuses.
 """
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -75,19 +75,3 @@ class _Staged:
 
 def _pinned_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
-
-
-def group_with_backend(ranks_of_mine: List[int], backend: Optional[str]):
-    """A group over the same ranks as one of megatron-core's groups, on `backend`.
-
-    Collective over the default group (every rank calls it, in the same order): ranks
-    exchange their group's members and every distinct group is created on every rank.
-    """
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, sorted(ranks_of_mine))
-    mine = None
-    for ranks in sorted({tuple(r) for r in everyone}):
-        group = dist.new_group(list(ranks), backend=backend)
-        if list(ranks) == sorted(ranks_of_mine):
-            mine = group
-    return mine

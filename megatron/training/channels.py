@@ -4,18 +4,16 @@ The only place where flags meet megatron.cc: it picks codecs and modes from the
 CompressionConfig, takes process groups and peers from the rank's Topology, and hands both
 to the library's constructors.
 """
-from megatron.cc.compress import get_codec
 from megatron.cc.dp_modes import DpRun, build_dp_channel
-from megatron.cc.grad_sync import (EmbeddingSync, FusedEmbeddingSync, GradSync,
-                                   create_fused_embedding_group)
-from megatron.cc.grad_sync.emb_powersgd import EmbPowerSGDSync
+from megatron.cc.emb_methods import build_emb_channel
+from megatron.cc.grad_sync import GradSync
 from megatron.cc.diagnostics import OrthogonalityProbe
-from megatron.cc.p2p import InterleavedChannels, Link, PipelineChannels, ScatterGather
-from megatron.cc.policy import BackwardCompressionPolicy
-from megatron.cc.speed import CompSpeed, TimedCodec
+from megatron.cc.p2p import InterleavedChannels, PipelineChannels, ScatterGather
+from megatron.cc.pp_methods import LinkEnd, pp_codec
+from megatron.cc.speed import CompSpeed
 from megatron.training.initialize import group_timeout
 from megatron.training.nodes import spans_nodes
-from megatron.training.pipeline_codecs import attach_codecs
+from megatron.training.pipeline_codecs import StageLinks
 from megatron.training.transports import pipeline_transport
 
 
@@ -37,10 +35,6 @@ def scatter_gather(args, topo):
     return ScatterGather(topo.tp_group, topo.tp_rank, topo.tp_size)
 
 
-# --inter-grad-comp-type -> the registered codec that implements it (same keyword arguments)
-CB_CODECS = {"PowerSGD": "lowrank", "RandomizedSVD": "rsvd"}
-
-
 def comp_seed(args) -> int:
     """The low-rank compressors' seed: --comp-seed, else --seed."""
     c = args.compression
@@ -54,21 +48,8 @@ def speed_meter(args, stats):
 
 def backward_codec(c, seed: int):
     """CB codec for one end of a bwd link, or None (uncompressed)."""
-    if not c.compressed_backprop:
-        return None
-    return get_codec(CB_CODECS[c.inter_grad_comp_type], rank=c.cb_rank,
-                     error_feedback=c.use_error_feedback,
-                     payload_dtype=c.inter_grad_comp_dtype, seed=seed,
-                     flush_on_uncompressed=c.lep_flush_on_uncompressed,
-                     power_iters=c.inter_grad_comp_power_iters)
-
-
-def backward_policy(args, sender_stage: int, sender_chunk: int = 0) -> BackwardCompressionPolicy:
-    c = args.compression
-    return BackwardCompressionPolicy(
-        sender_stage=sender_stage, pp=args.pp, num_microbatches=args.num_microbatches,
-        warmup_iters=int(c.inter_grad_comp_warm_up * args.training.train_iters),
-        epilogue_only=c.inter_grad_comp_epilogue_only, sender_chunk=sender_chunk, vp=args.vp)
+    return pp_codec(c, "pp-bwd", LinkEnd("pp-bwd", comp_seed=seed)) if c.compressed_backprop \
+        else None
 
 
 def build_pipeline_channels(args, config, stats, topo, epoch_samples=None, nodes=None):
@@ -82,35 +63,25 @@ def build_pipeline_channels(args, config, stats, topo, epoch_samples=None, nodes
     if args.vp > 1:
         return build_interleaved_channels(args, config, stats, topo, epoch_samples, nodes)
     stage, first, last = topo.pp_rank, topo.is_first, topo.is_last
-    c, seed = args.compression, comp_seed(args)
     links = {}
     if args.pp > 1:
-        prev, nxt, me = topo.prev_rank, topo.next_rank, topo.rank
+        link = StageLinks(args, topo, comp_seed(args), epoch_samples, nodes,
+                          num_caches=(not first) + (not last), speed=speed_meter(args, stats))
         if not first:
-            out = spans_nodes(nodes, (me, prev))
-            links["prev_fwd"] = Link("pp-fwd", prev, leaves_node=out)
-            links["prev_bwd"] = Link("pp-bwd", prev, backward_codec(c, seed),
-                                     backward_policy(args, sender_stage=stage), leaves_node=out)
+            links.update(prev_fwd=link("prev_fwd", topo.prev_rank, stage - 1),
+                         prev_bwd=link("prev_bwd", topo.prev_rank, stage))
         if not last:
-            out = spans_nodes(nodes, (me, nxt))
-            links["next_fwd"] = Link("pp-fwd", nxt, leaves_node=out)
-            links["next_bwd"] = Link("pp-bwd", nxt, backward_codec(c, seed),
-                                     backward_policy(args, sender_stage=stage + 1),
-                                     leaves_node=out)
-    attach_codecs(args, links, topo, epoch_samples)   # AC-SGD / TAH-Quant codecs and warm-up
+            links.update(next_fwd=link("next_fwd", topo.next_rank, stage),
+                         next_bwd=link("next_bwd", topo.next_rank, stage + 1))
     channels = _channels(args, config, stats, topo, links)
-    if c.check_orth_error_acti and last and not first:
+    if args.compression.check_orth_error_acti and last and not first:
         channels.probe = OrthogonalityProbe(stats)
     return channels
 
 
 def _channels(args, config, stats, topo, links, transport=None) -> PipelineChannels:
-    speed = speed_meter(args, stats)
-    for link in links.values():
-        if speed is not None and link.codec is not None:
-            link.codec = TimedCodec(link.codec, speed, link.channel)
     return PipelineChannels(activation_shape(args), config.pipeline_dtype, stats,
-                            transport=transport or pipeline_transport(args),
+                            transport=transport or pipeline_transport(args, topo),
                             scatter_gather=scatter_gather(args, topo),
                             device=topo.device, **links)
 
@@ -133,34 +104,24 @@ def build_interleaved_channels(args, config, stats, topo, epoch_samples=None,
     to its neighbours, the wrap-around ones included), with their own codecs, caches, error
     buffers and policies, i.e. codec state per (chunk, direction). Both ends of each
     boundary build the same codec from the same (sender rank, sender chunk)."""
-    c, seed, vp = args.compression, comp_seed(args), args.vp
-    prev, nxt, me = topo.prev_rank, topo.next_rank, topo.rank
+    vp, pp, rank = args.vp, args.pp, topo.pp_rank
     # at pp = 2 prev == next: both kinds cross each pair both ways, gloo tells them by tag
-    bwd_tag = 1 if args.pp == 2 else 0
-    n_fwd = sum(x is not None for ch in range(vp)
-                for x in chunk_neighbours(topo.pp_rank, args.pp, ch, vp))
-    transport = pipeline_transport(args)   # one for every chunk (collective with --pp-backend)
+    tag = 1 if pp == 2 else 0
+    n_fwd = sum(x is not None for ch in range(vp) for x in chunk_neighbours(rank, pp, ch, vp))
+    transport = pipeline_transport(args, topo)   # one for all chunks (collective: --pp-backend)
     chunks = []
     for ch in range(vp):
-        from_prev, from_next = chunk_neighbours(topo.pp_rank, args.pp, ch, vp)
-        links, senders = {}, {}
+        from_prev, from_next = chunk_neighbours(rank, pp, ch, vp)
+        link = StageLinks(args, topo, comp_seed(args), epoch_samples, nodes, num_caches=n_fwd,
+                          speed=speed_meter(args, stats))
+        links = {}
         if from_prev is not None:
-            out = spans_nodes(nodes, (me, prev))
-            links["prev_fwd"] = Link("pp-fwd", prev, leaves_node=out)
-            links["prev_bwd"] = Link("pp-bwd", prev, backward_codec(c, seed),
-                                     backward_policy(args, topo.pp_rank, ch),
-                                     leaves_node=out, tag=bwd_tag)
-            senders.update(prev_fwd=from_prev, prev_bwd=ch)
+            links.update(prev_fwd=link("prev_fwd", topo.prev_rank, (rank - 1) % pp, from_prev),
+                         prev_bwd=link("prev_bwd", topo.prev_rank, rank, ch, tag=tag))
         if from_next is not None:
-            out = spans_nodes(nodes, (me, nxt))
-            links["next_fwd"] = Link("pp-fwd", nxt, leaves_node=out)
-            links["next_bwd"] = Link("pp-bwd", nxt, backward_codec(c, seed),
-                                     backward_policy(args, (topo.pp_rank + 1) % args.pp,
-                                                     from_next),
-                                     leaves_node=out, tag=bwd_tag)
-            senders.update(next_fwd=ch, next_bwd=from_next)
-        attach_codecs(args, links, topo, epoch_samples, sender_chunks=senders,
-                      num_caches=n_fwd)
+            links.update(next_fwd=link("next_fwd", topo.next_rank, rank, ch),
+                         next_bwd=link("next_bwd", topo.next_rank, (rank + 1) % pp, from_next,
+                                       tag=tag))
         chunks.append(_channels(args, config, stats, topo, links, transport))
     return InterleavedChannels(chunks)
 
@@ -174,21 +135,17 @@ def build_grad_sync(args, model, stats, topo, nodes=None) -> GradSync:
     parameter-syncing --dp-mode (creates the exchange groups): call on every rank.
     """
     c = args.compression
-    # pp == 1: the embedding goes with the dp sync; a --dp-mode has no all-reduce to fuse with
-    fused = c.emb_comm_opt and args.pp > 1 and not c.syncs_parameters
+    fused = c.fused_embedding(args.pp)
     mark_inter_node(stats, nodes, fused, topo)
     run = DpRun(seed=args.training.seed, comp_seed=comp_seed(args),
                 train_iters=args.training.train_iters,
                 tied_embedding=not args.model.untie_embeddings_and_output_weights,
                 exclude_embedding=fused, overlap_grad_reduce=args.parallel.overlap_grad_reduce,
                 bucket_size=args.parallel.ddp_bucket_size,
-                num_microbatches=args.num_microbatches, speed=speed_meter(args, stats))
+                num_microbatches=args.num_microbatches, speed=speed_meter(args, stats),
+                group_timeout=group_timeout(args))
     dp = build_dp_channel(c, topo, stats, run)
-    member = topo.is_first or topo.is_last   # holds a copy of the tied embedding
-    if fused:
-        group = create_fused_embedding_group(topo.tp_rank, member, timeout=group_timeout(args))
-        return GradSync(dp, emb_channel(args, FusedEmbeddingSync(group, stats, args.dp), stats))
-    return GradSync(dp, emb_channel(args, EmbeddingSync(topo.emb_group, stats), stats))
+    return GradSync(dp, build_emb_channel(c, topo, stats, run, args.pp))
 
 
 def mark_inter_node(stats, nodes, fused: bool, topo) -> None:
@@ -197,15 +154,3 @@ def mark_inter_node(stats, nodes, fused: bool, topo) -> None:
     stats.leaves_node["dp"] = spans_nodes(nodes, topo.dp_ranks)
     stats.leaves_node["emb"] = spans_nodes(nodes, (topo.pp_ranks[0], topo.pp_ranks[-1])) or \
         (fused and stats.leaves_node["dp"])
-
-
-def emb_channel(args, exact, stats):
-    """The emb channel: `exact` (plain or fused sum), or PowerSGD over its group
-    (--emb-grad-comp; exact during its warm-up)."""
-    c = args.compression
-    if not c.emb_grad_comp:
-        return exact
-    return EmbPowerSGDSync(exact, stats, rank=c.emb_grad_comp_rank,
-                           warm_up_iters=int(c.emb_grad_comp_warm_up * args.training.train_iters),
-                           error_feedback=c.emb_use_error_feedback, seed=comp_seed(args),
-                           speed=speed_meter(args, stats))

@@ -55,10 +55,6 @@ class GpuArgs:
             raise ConfigError("--loss-scale-window and --hysteresis must be >= 1")
         if self.overlap_param_gather and not self.use_distributed_optimizer:
             raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
-        if self.pp_backend == "nccl":
-            from megatron.training.topology import cuda_available  # torch: only when asked
-            if not cuda_available():
-                raise ConfigError("--pp-backend nccl needs CUDA GPUs; use gloo on CPU")
         if self.transformer_impl == "transformer_engine":
             from megatron.training.attention import have_transformer_engine
             if not have_transformer_engine():
@@ -71,6 +67,10 @@ def validate_gpu_args(args) -> None:
     (our compressed / fused gradient channels replace its all-reduce)."""
     g, c = args.gpu, args.compression
     g.validate(args.model.fp16)
+    from megatron.training.topology import cuda_available  # torch: only when asked
+    for flag, backend, gpus in (("pp", g.pp_backend, "CUDA GPUs"), ("dp", c.dp_backend, "GPUs")):
+        if backend == "nccl" and not cuda_available():
+            raise ConfigError(f"--{flag}-backend nccl needs {gpus}; use gloo on CPU")
     ddp_owned = g.use_distributed_optimizer
     if ddp_owned and c.dp_mode != "allreduce":
         raise ConfigError(f"--dp-mode {c.dp_mode} exchanges its own state between the replicas, "

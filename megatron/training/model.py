@@ -13,7 +13,7 @@ gives different models at different layouts; here, comparing layouts compares li
 import hashlib
 import math
 import re
-from typing import Dict, Iterator, Tuple
+from typing import Iterator, Tuple
 
 import torch
 
@@ -235,8 +235,3 @@ def init_weights_by_seed(model: GPTModel, seed: int, std: float, num_layers: int
     for _, gname, param in global_param_names(model):
         value = initial_value(gname, full_shape(param, tp), seed, std, num_layers)
         param.copy_(shard(value, param, tp_rank, tp, is_glu_fc1(gname, glu)).to(param.dtype))
-
-
-def local_state_for_export(model) -> Dict[str, torch.Tensor]:
-    """{global name: local shard} for checkpoint tools."""
-    return {gname: p.detach() for _, gname, p in global_param_names(unwrap(model))}

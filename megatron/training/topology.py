@@ -3,11 +3,12 @@
 With the CPU shim, the one module that asks torch.cuda whether there is a GPU."""
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+from megatron.cc.grad_sync.groups import clone_groups
 from megatron.training.config_flags import ConfigError
 
 
@@ -72,6 +73,16 @@ class Topology:
     def chunk_is_last(self, chunk: int) -> bool:
         """Does model chunk `chunk` hold the last virtual stage (output layer and loss)?"""
         return self.is_last and chunk == self.vp_size - 1
+
+    def channel_group(self, group, backend: Optional[str] = None, own: bool = False):
+        """`group` (one of megatron-core's; None: the world) as a channel uses it: itself, or
+        a copy over the same ranks when the channel runs on another backend (--pp-backend,
+        --dp-backend) or needs a group no other thread uses (`own`: a background exchange).
+        Copying is collective: every rank calls it, in the same order."""
+        from megatron.training import transports
+        if not own and not transports._differs(backend):
+            return group
+        return clone_groups(group or dist.group.WORLD, backend)
 
     @property
     def collective_device(self) -> torch.device:

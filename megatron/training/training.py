@@ -8,7 +8,6 @@ step -> LR step. Compression lives entirely in the channel objects that
 megatron/training/channels.py builds from the flags; the loop does not know which codecs run.
 """
 import math
-import os
 import time
 from typing import Dict, List, Optional
 

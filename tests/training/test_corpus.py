@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from megatron.training import corpus
-from megatron.training.corpus import (
+from tools import corpus
+from tools.corpus import (
     VOCAB_SIZE,
     build_cached,
     default_assets,

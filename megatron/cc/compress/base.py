@@ -12,6 +12,7 @@ method requires it. Codecs are pure tensor code: no torch.distributed in here.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -76,7 +77,7 @@ class Codec:
 
     def payload_nbytes(self, shape, dtype) -> int:
         """Bytes on the wire for one message of this shape (from payload_spec)."""
-        return sum(_numel(s) * torch.empty((), dtype=d).element_size()
+        return sum(math.prod(map(int, s)) * torch.empty((), dtype=d).element_size()
                    for s, d in self.payload_spec(torch.Size(shape), dtype))
 
     def __repr__(self) -> str:
@@ -95,7 +96,8 @@ class StepCodec(Codec):
         return self.compress(x, ctx.iteration)
 
     def decode(self, payload, shape, dtype, ctx):
-        return self.decompress(payload, _numel(shape), ctx.iteration, dtype).reshape(shape)
+        numel = math.prod(map(int, shape))
+        return self.decompress(payload, numel, ctx.iteration, dtype).reshape(shape)
 
     def state_dict(self):
         return {} if self.rng is None else self.rng.state_dict()
@@ -103,13 +105,6 @@ class StepCodec(Codec):
     def load_state_dict(self, sd):
         if self.rng is not None:
             self.rng.load_state_dict(sd)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 def payload_bytes(payload: list[torch.Tensor]) -> int:

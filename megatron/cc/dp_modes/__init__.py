@@ -82,10 +82,6 @@ class DpConfig(*reversed(DP_MODES.values()), DpChannel):
                               f"); --dp-mode {mode} already steps on the mean gradient")
         if not 0.0 <= self.hetero < 1.0:
             raise ConfigError(f"--hetero must be in [0, 1), got {self.hetero}")
-        if self.dp_backend == "nccl":
-            import torch
-            if not torch.cuda.is_available():
-                raise ConfigError("--dp-backend nccl needs GPUs; use gloo on CPU")
         borrowed = self.dp_plugin.borrows(self)
         for name in (n for m in DP_MODES.values() for n in m.owned()):
             owners = [n for n, m in DP_MODES.items() if name in m.owned()]

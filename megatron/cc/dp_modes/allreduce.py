@@ -3,15 +3,12 @@
 from dataclasses import dataclass
 from typing import Optional
 
-import torch.distributed as dist
-
 from megatron.cc.config_fields import ConfigError, flag
 from megatron.cc.dp_modes.base import DpMode
 from megatron.cc.grad_sync.overlap import OverlappedExactSync, OverlappedPowerSGDSync
 from megatron.cc.grad_sync.powersgd import PowerSGDDataParallelSync
 from megatron.cc.grad_sync.randomized_svd import RandomizedSVDDataParallelSync
 from megatron.cc.grad_sync.sync import ExactDataParallelSync
-from megatron.cc.transport import group_with_backend
 
 
 @dataclass
@@ -87,10 +84,12 @@ class AllReduce(DpMode):
                               f"--grad-comp compresses; drop one of them")
 
     @staticmethod
+    def profile(c) -> str:
+        return "powersgd" if c.grad_comp else "none"
+
+    @staticmethod
     def build(c, topo, stats, run):
-        group = topo.dp_group   # --dp-backend: a group of its own (collective)
-        if c.dp_backend is not None and c.dp_backend != dist.get_backend():
-            group = group_with_backend(list(topo.dp_ranks), c.dp_backend)
+        group = topo.channel_group(topo.dp_group, c.dp_backend)   # collective
         exclude, overlap = run.exclude_embedding, run.overlap_grad_reduce
         buckets = dict(bucket_size=run.bucket_size, num_microbatches=run.num_microbatches)
         if topo.dp_size > 1 and topo.pp_rank < c.compressed_stages(topo.pp_size):

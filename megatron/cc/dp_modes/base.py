@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Optional, Tuple
 
 @dataclass
 class DpRun:
-    """What a dp mode needs from the run besides its flags and the rank's Topology."""
+    """What a dp mode (or emb plug-in) needs from the run besides its flags and the Topology."""
     seed: int
     comp_seed: int                     # --comp-seed, else --seed
     train_iters: int
@@ -19,6 +19,7 @@ class DpRun:
     bucket_size: Optional[int] = None  # --ddp-bucket-size
     num_microbatches: int = 1
     speed: Any = None                  # --check-comp-speed's CompSpeed
+    group_timeout: Any = None          # of the groups a channel creates (a timedelta)
 
 
 class DpMode:
@@ -38,6 +39,11 @@ class DpMode:
     def borrows(c) -> Tuple[str, ...]:
         """Other modes' fields this mode reads with these settings."""
         return ()
+
+    @classmethod
+    def profile(cls, c) -> str:
+        """Its row of the planner's codec-throughput table (megatron/cc/plan/step_time.py)."""
+        return cls.name
 
     @staticmethod
     def check(c, pp: int, dp: int) -> None:

@@ -6,7 +6,6 @@ from megatron.cc.config_fields import ConfigError, flag
 from megatron.cc.dp_modes.base import DpMode
 from megatron.cc.grad_sync.cocktail import CocktailSGDSync
 from megatron.cc.grad_sync.flat_codecs import make_flat_codec
-from megatron.cc.grad_sync.groups import clone_groups
 from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
 
 
@@ -58,10 +57,14 @@ class CocktailSGD(DpMode):
                               ">= 0")
 
     @staticmethod
+    def profile(c) -> str:
+        return "cocktail"
+
+    @staticmethod
     def build(c, topo, stats, run):
         overlap = not c.cocktail_no_overlap
-        group = clone_groups(topo.dp_group, c.dp_backend) if overlap or c.dp_backend \
-            else topo.dp_group
+        group = topo.channel_group(topo.dp_group, c.dp_backend,
+                                   own=bool(overlap or c.dp_backend))
         return CocktailSGDSync(topo.dp_group, stats,
                                sharded_exchange(c, group, "cocktail", run.seed),
                                warmup_steps=c.cocktail_warmup_steps, overlap=overlap)

@@ -8,7 +8,6 @@ from megatron.cc.dp_modes.base import DpMode
 from megatron.cc.dp_modes.cocktail_sgd import sharded_exchange
 from megatron.cc.grad_sync.diloco import DiLoCoSync
 from megatron.cc.grad_sync.flat_codecs import parse_fixpoint_bits
-from megatron.cc.grad_sync.groups import clone_groups
 
 
 @dataclass
@@ -40,9 +39,8 @@ class DiLoCoLoop(DpMode):
     @staticmethod
     def reduce_group(c, topo):
         """A background reduce (sync delay) or another backend needs a group of its own."""
-        if c.dp_backend or c.diloco_sync_delay:
-            return clone_groups(topo.dp_group, c.dp_backend)
-        return topo.dp_group
+        return topo.channel_group(topo.dp_group, c.dp_backend,
+                                  own=bool(c.dp_backend or c.diloco_sync_delay))
 
 
 @dataclass
@@ -61,6 +59,11 @@ class DiLoCo(DiLoCoLoop):
     def borrows(c):
         return ("cocktail_random_ratio", "cocktail_topk_ratio") \
             if c.diloco_compression == "cocktail" else ()
+
+    @staticmethod
+    def profile(c) -> str:
+        name = c.diloco_compression
+        return name if name in ("none", "fp16", "int8", "cocktail") else "fixpoint-b"
 
     @staticmethod
     def check(c, pp: int, dp: int) -> None:

@@ -1,9 +1,10 @@
 """Codecs for flat parameter-delta vectors on the dp channel (CocktailSGD, DiLoCo).
 
-Contract (the one CocktailCodec in compress/sparse.py already has):
+Contract: compress/base.py's StepCodec, as CocktailCodec (compress/sparse.py):
     compress(x, step) -> list of payload tensors, sizes fixed by x.numel() alone
     decompress(payload, numel, step) -> fp32 (numel,)
     flat_spec(numel) -> [(shape, dtype), ...] of the payload
+    state_dict / load_state_dict: the stochastic-rounding generator `rng`, if any
 `step` lets a codec vary with the synchronisation round (CocktailSGD's rolling mask).
 The sender calls decompress on its own payload to learn exactly what it sent (error feedback).
 
@@ -12,13 +13,14 @@ fixpoint-b (b-bit, 1..8, same buckets), cocktail (random rolling + top-k + b-bit
 """
 import torch
 
+from megatron.cc.compress.base import StepCodec
 from megatron.cc.compress.quant import (dequantize, pack_bits, packed_nbytes, quantize,
                                         unpack_bits)
 from megatron.cc.compress.rng import DeviceGenerator
 from megatron.cc.compress.sparse import CocktailCodec
 
 
-class CastCodec:
+class CastCodec(StepCodec):
     """The values in another float dtype (fp32: lossless, fp16: round to nearest)."""
 
     def __init__(self, dtype: torch.dtype):
@@ -30,17 +32,11 @@ class CastCodec:
     def compress(self, x: torch.Tensor, step: int):
         return [x.reshape(-1).to(self.dtype)]
 
-    def decompress(self, payload, numel: int, step: int) -> torch.Tensor:
+    def decompress(self, payload, numel: int, step: int, dtype=None) -> torch.Tensor:
         return payload[0].float()
 
-    def state_dict(self) -> dict:
-        return {}
 
-    def load_state_dict(self, sd: dict) -> None:
-        pass
-
-
-class BucketFixpointCodec:
+class BucketFixpointCodec(StepCodec):
     """b-bit fixpoint (quant.py's `scheme`), one fp16 scale per bucket of `bucket_size` values,
     bit-packed."""
 
@@ -61,20 +57,10 @@ class BucketFixpointCodec:
                                  torch.float16, gen, self.scheme)
         return [pack_bits(codes, self.bits), scales]
 
-    def decompress(self, payload, numel: int, step: int) -> torch.Tensor:
+    def decompress(self, payload, numel: int, step: int, dtype=None) -> torch.Tensor:
         codes = unpack_bits(payload[0], self.bits, numel)
         return dequantize(codes, payload[1], self.bits, (numel,), "bucket", self.bucket_size,
                           scheme=self.scheme)
-
-    def state_dict(self) -> dict:
-        return {} if self.rng is None else self.rng.state_dict()
-
-    def load_state_dict(self, sd: dict) -> None:
-        if self.rng is not None:
-            self.rng.load_state_dict(sd)
-
-
-COMPRESSIONS = ("none", "fp16", "int8", "fixpoint-b", "cocktail")
 
 
 def parse_fixpoint_bits(name: str):

@@ -34,11 +34,6 @@ class GatherExchange:
         self.group, self.codec = group, codec
         self.world = dist.get_world_size(group)
 
-    def counted_bytes(self, numel: int) -> int:
-        """What one exchange of a `numel`-value vector adds to the dp byte count."""
-        payload = sum(torch.Size(s).numel() * dt.itemsize for s, dt in self.codec.flat_spec(numel))
-        return self.world * payload // 2
-
     def __call__(self, x: torch.Tensor, step: int, key: str = "") -> Tuple[torch.Tensor,
                                                                           torch.Tensor, int]:
         n, D = x.numel(), self.world

@@ -25,11 +25,6 @@ def enabled(*tensors: torch.Tensor) -> bool:
             and os.environ.get("MEGATRON_CC_FUSED", "1") != "0")
 
 
-def interpreting() -> bool:
-    """Triton's interpreter is on (TRITON_INTERPRET=1 when the kernel modules were imported)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
 # Every launch: no fused multiply-add contraction. The eager reference rounds x - k*step and
 # prev + deq after each operation; an FMA would round once and change the last bit.
 LAUNCH = {"enable_fp_fusion": False}

@@ -19,25 +19,13 @@ from typing import Dict, Optional
 
 from megatron.cc.grad_sync.powersgd import worth_compressing
 from megatron.cc.plan.dp_bytes import dp_bytes, embedding_grad_bytes
-from megatron.cc.plan.pp_codecs import backward_codec, forward_codec
 from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
-from megatron.cc.policy import is_critical_backward_send, is_critical_interleaved_send
+from megatron.cc.p2p import Message
+from megatron.cc.pp_methods import LinkEnd, pp_codec, pp_method, pp_warmup_iters
 from megatron.cc.stats import CHANNELS
 
 Totals = Dict[str, Dict[str, float]]
 STEADY = 10 ** 12   # an iteration after every warm-up
-
-
-def pp_warmup_iters(c, iters_per_epoch: Optional[int] = None) -> int:
-    """Iterations whose pipeline messages go uncompressed (--compress-warmup-iters, or
-    --warmup-epochs x iterations per epoch, rounded up as the driver does)."""
-    if not c.warmup_epochs:
-        return c.compress_warmup_iters
-    if iters_per_epoch is None:
-        raise ValueError("--warmup-epochs needs the iterations per epoch of the training split; "
-                         "give iters_per_epoch (or --compress-warmup-iters instead)")
-    import math
-    return math.ceil(c.warmup_epochs * iters_per_epoch)
 
 
 def activation_message(m: ModelShape, layout: Layout):
@@ -57,39 +45,26 @@ def activation_message(m: ModelShape, layout: Layout):
     return shape, layout.dtype, nbytes
 
 
-def pp_fwd_bytes(m, layout, c, iteration, warm: int) -> Dict[str, float]:
-    """Stages 0..pp-2 send every micro-batch's activation forward, on every tp rank/replica
-    (with scatter-gather each tp rank its 1/tp slice: activation_message)."""
+def _pp_bytes(m, layout, c, channel, iteration, warm: int) -> Dict[str, float]:
+    """Every sending virtual stage (chunk v // pp of rank v % pp) sends each micro-batch's
+    activation forward (pp-fwd) or input gradient back (pp-bwd), on every tp rank/replica
+    (with scatter-gather each tp rank its 1/tp slice: activation_message); which messages the
+    codec compresses is its plug-in's policy (warm-ups, CB's epilogue-only), as on the link."""
     shape, dtype, raw = activation_message(m, layout)
-    codec = forward_codec(c)
-    one = codec.payload_nbytes(shape, dtype) if codec is not None and iteration >= warm else raw
-    n = layout.boundaries * layout.num_microbatches * layout.tp * layout.dp
-    return {"sent": n * one, "raw": n * raw, "messages": n}
-
-
-def pp_bwd_bytes(m, layout, c, iteration, warm: int) -> Dict[str, float]:
-    """Stages 1..pp-1 send every micro-batch's input gradient back; CB may compress only the
-    sends on 1F1B's critical path (--inter-grad-comp-epilogue-only), after its warm-up."""
-    shape, dtype, raw = activation_message(m, layout)
-    codec = backward_codec(c)
-    M, pp = layout.num_microbatches, layout.pp
-    cb = codec is not None and c.backward_compress_method != "fixpoint"
-    if cb:
-        warm = max(warm, int(c.inter_grad_comp_warm_up * layout.train_iters))
-    vp = layout.virtual_stages
-
-    def critical(stage, chunk, mb):   # interleaved: decided per chunk boundary (policy.py)
-        return is_critical_interleaved_send(stage, chunk, mb, pp, vp, M) if vp > 1 else \
-            is_critical_backward_send(stage, mb, pp, M)
+    codec, M, pp, vp = pp_codec(c, channel), layout.num_microbatches, layout.pp, \
+        layout.virtual_stages
     sent = 0
-    for v in range(1, pp * vp):   # every sending virtual stage: chunk v // pp of rank v % pp
+    for v in range(1, pp * vp) if codec is not None else ():
+        spec = LinkEnd(channel, warmup_iters=warm, sender_stage=v % pp, sender_chunk=v // pp,
+                        pp=pp, vp=vp, num_microbatches=M, train_iters=layout.train_iters)
+        policy = pp_method(c, channel).policy(c, spec)
         for mb in range(M):
-            compressed = codec is not None and iteration >= warm and not (
-                cb and c.inter_grad_comp_epilogue_only and not critical(v % pp, v // pp, mb))
+            compressed = policy is None or policy(Message(mb, iteration))
             sent += codec.payload_nbytes(shape, dtype) if compressed else raw
     reps = layout.tp * layout.dp
     n = layout.boundaries * M * reps
-    return {"sent": sent * reps, "raw": n * raw, "messages": n}
+    return {"sent": sent * reps if codec is not None else n * raw, "raw": n * raw,
+            "messages": n}
 
 
 def emb_bytes(m, layout, c, iteration) -> Optional[Dict[str, float]]:
@@ -101,7 +76,7 @@ def emb_bytes(m, layout, c, iteration) -> Optional[Dict[str, float]]:
     if layout.pp < 2 or not m.tied:
         return None
     n, shape = embedding_grad_bytes(m, layout.tp)
-    fused = c.emb_comm_opt and not c.syncs_parameters
+    fused = c.fused_embedding(layout.pp)
     raw = n * (2 if fused and layout.dp > 1 else 1)
     sent = n
     if c.emb_grad_comp and iteration >= int(c.emb_grad_comp_warm_up * layout.train_iters) \
@@ -177,8 +152,8 @@ def channel_bytes(m: ModelShape, layout: Layout, c, iteration: Optional[int] = N
     out: Totals = {}
     if layout.pp > 1:
         warm = pp_warmup_iters(c, iters_per_epoch) if iteration is not None else 0
-        out["pp-fwd"] = pp_fwd_bytes(m, layout, c, it, warm)
-        out["pp-bwd"] = pp_bwd_bytes(m, layout, c, it, warm)
+        for channel in ("pp-fwd", "pp-bwd"):
+            out[channel] = _pp_bytes(m, layout, c, channel, it, warm)
     dp = dp_bytes(m, layout, c, iteration)
     if dp is not None and dp["messages"]:
         out["dp"] = dp

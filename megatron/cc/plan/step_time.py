@@ -37,6 +37,7 @@ from megatron.cc.plan.channel_bytes import activation_message, channel_bytes
 from megatron.cc.plan.dp_bytes import stage_dp_bytes
 from megatron.cc.plan.links import LEVELS, Cluster, placement
 from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
+from megatron.cc.pp_methods import pp_method
 
 # GB/s of uncompressed input for encode + decode together (1 / (1/enc + 1/dec)).
 # cpu: measured on this project's 2-core box, 1 thread, 7.86 MB fp32 message
@@ -118,31 +119,13 @@ def pp_message_seconds(m, layout, c, cluster, totals) -> float:
     level, flows = _pp_level(cluster, layout)
     _, _, raw = activation_message(m, layout)
     out = 0.0
-    for ch, method in (("pp-fwd", c.forward_compress_method), ("pp-bwd", _bwd_name(c))):
-        t = totals[ch]
+    for ch in ("pp-fwd", "pp-bwd"):
+        t, method = totals[ch], pp_method(c, ch).profile(c)
         sent = t["sent"] / t["messages"]
         out += _transfer(cluster, level, sent, flows)
         if sent < raw and method != "none":
             out += codec_seconds(cluster, method, raw)
     return out
-
-
-def _bwd_name(c) -> str:
-    if c.backward_compress_method == "fixpoint":
-        return "fixpoint"
-    if c.compressed_backprop:
-        return "rsvd" if c.inter_grad_comp_type == "RandomizedSVD" else "lowrank"
-    return "none"
-
-
-def _dp_codec(c) -> str:
-    mode = c.dp_mode
-    if mode == "allreduce":
-        return "powersgd" if c.grad_comp else "none"
-    if mode == "diloco":
-        name = c.diloco_compression
-        return name if name in ("none", "fp16", "int8", "cocktail") else "fixpoint-b"
-    return "cocktail" if mode == "cocktail_sgd" else "sparseloco"
 
 
 def dp_seconds(m, layout, c, cluster, step_compute: float, t_b: float,
@@ -163,7 +146,7 @@ def dp_seconds(m, layout, c, cluster, step_compute: float, t_b: float,
         per_sync = 1.0 / one["messages"]              # H/F for DiLoCo-style modes, else 1
         x = one["sent"] * per_sync
         t = _ring(cluster, level, D, x, flows)
-        codec = _dp_codec(c)
+        codec = c.dp_plugin.profile(c)
         if codec != "none" and one["sent"] < one["raw"]:
             t += codec_seconds(cluster, codec, one["raw"] * per_sync)
         worst = max(worst, _exposed_dp(c, t, step_compute, t_b, per_sync, overlap))
@@ -191,7 +174,7 @@ def emb_seconds(m, layout, c, cluster, totals) -> float:
     if "emb" not in totals:
         return 0.0
     place = placement(layout.tp, layout.dp, layout.pp)
-    fused = c.emb_comm_opt and not c.syncs_parameters
+    fused = c.fused_embedding(layout.pp)
     reps = range(layout.dp) if fused else [0]
     ranks = [place(0, d, s) for d in reps for s in (0, layout.pp - 1)]
     k = len(ranks)

@@ -19,7 +19,7 @@ so 8 ranks calling `default_assets()` at once build it once. The text depends on
 Python install (stdlib and site-packages), so two builds on the same install are identical;
 ranks on different machines should compare `DefaultAssets.fingerprint`.
 
-    python -m megatron.training.corpus [--cache-dir D]    # build (if needed) and print paths
+    python -m tools.corpus [--cache-dir D]    # build (if needed) and print paths
 """
 
 from __future__ import annotations
@@ -444,7 +444,7 @@ def default_cache_dir() -> str:
     env = os.environ.get("MEGATRON_CC_CACHE")
     if env:
         return env
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[1]
     if (repo / "pyproject.toml").is_file() and os.access(repo, os.W_OK):
         return str(repo / ".cache" / "default_corpus")
     return str(Path.home() / ".cache" / "megatron-cc" / "default_corpus")
@@ -473,7 +473,7 @@ def default_assets(cache_dir: Optional[str] = None, max_bytes: int = DEFAULT_MAX
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m megatron.training.corpus",
+        prog="python -m tools.corpus",
         description="Build (once) the embedded default corpus and tokenizer, and print their paths.",
     )
     p.add_argument("--cache-dir", default=None,

@@ -1,0 +1,69 @@
+"""What a pipeline-channel plug-in is (one per --forward-compress-method and per
+--backward-compress-method). Its flags are the dataclass fields of a PpMethod subclass, which
+CompressionConfig inherits (flags and `args.compression.<field>` stay flat); `check`, `codec`
+and `policy` are static and take that composed config `c`."""
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional, Tuple
+
+from megatron.cc.p2p import Link
+from megatron.cc.policy import WarmupPolicy
+from megatron.cc.speed import TimedCodec
+
+
+@dataclass
+class LinkEnd:
+    """One link end as its codec and policy need it; the defaults size a codec (the planner)."""
+    channel: str = "pp-fwd"
+    peer: int = 0
+    seed: int = 0                   # the link's stochastic-rounding stream (both ends alike)
+    comp_seed: int = 0              # the low-rank compressors' seed (--comp-seed, else --seed)
+    capacity: int = 1               # samples per activation cache (delta*)
+    sample_shape: Optional[Tuple[int, int]] = None   # (S, H) of a cached sample; None: lazy
+    ram_limit: Optional[int] = None
+    device: Any = None              # where messages arrive
+    warmup_iters: int = 0           # --compress-warmup-iters / --warmup-epochs, in iterations
+    sender_stage: int = 0
+    sender_chunk: int = 0
+    pp: int = 1
+    vp: int = 1
+    num_microbatches: int = 1
+    train_iters: int = 0
+    leaves_node: bool = False
+    tag: int = 0
+    speed: Any = None               # --check-comp-speed's CompSpeed
+
+
+class PpMethod:
+    """The contract, and itself the method `none`: no codec, every message sent as it is."""
+    name: ClassVar[str] = "none"
+    quantises: ClassVar[bool] = False   # --stochastic-rounding / --quant-scheme apply
+    caches: ClassVar[bool] = False      # keeps a per-sample activation cache (epochs)
+
+    @classmethod
+    def profile(cls, c) -> str:
+        """Its row of the planner's codec-throughput table (megatron/cc/plan/step_time.py)."""
+        return cls.name
+
+    @staticmethod
+    def check(c, pp: int) -> None:
+        """ConfigError (naming the flag and the fix) on a bad value; runs for every method."""
+
+    @staticmethod
+    def codec(c, spec: LinkEnd):
+        """This link end's codec; None: always uncompressed."""
+        return None
+
+    @staticmethod
+    def policy(c, spec: LinkEnd):
+        """Which messages the codec compresses (None: all): here the pipeline warm-up."""
+        return WarmupPolicy(spec.warmup_iters) if spec.warmup_iters else None
+
+    @classmethod
+    def build(cls, c, spec: LinkEnd) -> Link:
+        """The finished link end."""
+        codec = cls.codec(c, spec)
+        if codec is not None and spec.speed is not None:
+            codec = TimedCodec(codec, spec.speed, spec.channel)
+        policy = cls.policy(c, spec) if codec is not None else None
+        return Link(spec.channel, spec.peer, codec, policy, leaves_node=spec.leaves_node,
+                    tag=spec.tag)

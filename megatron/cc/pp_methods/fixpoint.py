@@ -1,0 +1,23 @@
+"""--forward-compress-method fixpoint: b-bit activations, one scale per hidden channel."""
+from dataclasses import dataclass
+
+from megatron.cc.compress import get_codec
+from megatron.cc.config_fields import ConfigError, flag
+from megatron.cc.pp_methods.base import PpMethod
+
+
+@dataclass
+class Fixpoint(PpMethod):
+    name = "fixpoint"
+    quantises = True
+    forward_bits: int = flag(4, "Bits per value of fixpoint / delta activations (1..8).")
+
+    @staticmethod
+    def check(c, pp: int) -> None:
+        if not 1 <= c.forward_bits <= 8:
+            raise ConfigError(f"--forward-bits must be in 1..8, got {c.forward_bits}")
+
+    @staticmethod
+    def codec(c, spec):
+        return get_codec("fixpoint", bits=c.forward_bits, granularity="channel",
+                         stochastic=c.stochastic_rounding, seed=spec.seed, scheme=c.quant_scheme)
