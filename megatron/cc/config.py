@@ -46,8 +46,10 @@ class CompressionConfig(DpConfig):
         "none", "Codec of the activations sent forward between pipeline stages: fixpoint "
                 "(b-bit, one scale per hidden channel), delta / delta-lowbits (AC-SGD: the b-bit "
                 "change against a per-sample activation cache kept on both ends), tah "
-                "(TAH-Quant). Validation passes always send uncompressed.",
-        choices=["none", "fixpoint", "delta", "delta-lowbits", "tah"])
+                "(TAH-Quant), subspace (Subspace Networks: the subspace-constrained model "
+                "sends --subspace-rank coefficients per token both ways; see "
+                "megatron/training/subspace.py). Validation passes always send uncompressed.",
+        choices=["none", "fixpoint", "delta", "delta-lowbits", "tah", "subspace"])
     forward_bits: int = flag(4, "Bits per value of fixpoint / delta activations (1..8).")
     forward_bits_act: int = flag(
         8, "delta-lowbits: bits per value of the cached activations (1..8), one 16-bit scale "
@@ -73,6 +75,18 @@ class CompressionConfig(DpConfig):
     low_precision_bits: int = flag(3, "tah: bits of the other tokens (1..8).")
     high_precision_allocation_ratio: float = flag(
         0.8, "tah: share of tokens (highest entropy first) that get --high-precision-bits.")
+    # ---- Subspace Networks (megatron/training/subspace.py validates and builds them)
+    subspace_rank: Optional[int] = flag(
+        None, "k of the subspace-constrained model: every attention / MLP output projection "
+              "writes into one shared k-dim subspace of the residual stream. With "
+              "--forward-compress-method subspace (default k 8) stage boundaries carry k "
+              "coefficients per token both ways; alone (any pp, pp 1 included) it builds the "
+              "constrained model and sends whole activations.")
+    subspace_bits: Optional[int] = flag(
+        None, "--forward-compress-method subspace: bits per coefficient on the wire, both "
+              "directions: 1..8 = fixpoint (one 16-bit scale per coefficient and message), "
+              "0 = unquantised (the exact messages). Default 4: with k 8 at hidden 128, "
+              "32 bits a token against fp32's 4096, x126 both ways.")
     backward_compress_method: str = flag(
         "none", "Codec of the activation gradients sent back: fixpoint (b-bit, no error "
                 "feedback) or lowrank (Optimus-CC CB, the same as --inter-grad-comp, with "

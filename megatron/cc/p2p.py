@@ -173,6 +173,10 @@ class PendingExchange:
         return self._out
 
 
+def _nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
+
+
 def _timed_wait(reqs, stats: ChannelStats, link: Optional[Link]) -> None:
     t0 = time.perf_counter()
     for r in reqs:
@@ -225,7 +229,9 @@ class PipelineChannels:
             if self.sg is not None:
                 x = self.sg.scatter(x)   # raw and the ratios: against the scattered baseline
             payload = link.encode(x, msg)
-            raw = x.numel() * x.element_size()
+            # against the uncompressed message; a subspace codec's (.., k) coefficients
+            # stand for an (.., H) activation (compress/subspace.py)
+            raw = getattr(link.codec, "raw_nbytes", _nbytes)(x)
             if msg.train:  # per-iteration training traffic; evaluation is not counted
                 self.stats.add(link.channel, nbytes(payload), raw, link.leaves_node)
             sends = [(p, link.peer) + link.tagged for p in payload]

@@ -16,6 +16,7 @@ from megatron.cc.speed import CompSpeed, TimedCodec
 from megatron.training.initialize import group_timeout
 from megatron.training.nodes import spans_nodes
 from megatron.training.pipeline_codecs import attach_codecs
+from megatron.training import subspace
 from megatron.training.transports import pipeline_transport
 
 
@@ -23,7 +24,8 @@ def activation_shape(args):
     """(S, B, H): what a stage outputs and the next takes, in Megatron's seq-first layout;
     with --sequence-parallel the rank's (S/tp, B, H) shard, sent as it is (no scatter-gather)."""
     seq = args.pipeline_seq_length if args.sequence_parallel else args.model.seq_length
-    return (seq, args.training.micro_batch_size, args.model.hidden_size)
+    # H, or k subspace coefficients (--forward-compress-method subspace)
+    return (seq, args.training.micro_batch_size, subspace.pipeline_width(args))
 
 
 def scatter_gather(args, topo):
@@ -187,8 +189,11 @@ def build_grad_sync(args, model, stats, topo, nodes=None) -> GradSync:
     member = topo.is_first or topo.is_last   # holds a copy of the tied embedding
     if fused:
         group = create_fused_embedding_group(topo.tp_rank, member, timeout=group_timeout(args))
-        return GradSync(dp, emb_channel(args, FusedEmbeddingSync(group, stats, args.dp), stats))
-    return GradSync(dp, emb_channel(args, EmbeddingSync(topo.emb_group, stats), stats))
+        emb = emb_channel(args, FusedEmbeddingSync(group, stats, args.dp), stats)
+    else:
+        emb = emb_channel(args, EmbeddingSync(topo.emb_group, stats), stats)
+    # subspace: then the embedding copies every stage keeps for x0, summed over the stages
+    return GradSync(dp, subspace.wrap_emb_channel(args, emb, model, topo, stats))
 
 
 def mark_inter_node(stats, nodes, fused: bool, topo) -> None:

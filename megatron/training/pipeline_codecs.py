@@ -113,6 +113,9 @@ def attach_codecs(args, links: Dict[str, Link], topo, epoch_samples: Optional[in
     (the RAM share of each activation cache). Raises ConfigError naming the link when an
     activation cache does not fit.
     """
+    if args.compression.forward_compress_method == "subspace":
+        from megatron.training import subspace
+        return subspace.attach_codecs(args, links)   # both directions, no warm-up
     chunk_of = sender_chunks or {}
     c = args.compression
     rank, me = topo.pp_rank, topo.rank
