@@ -47,14 +47,16 @@ ordinary trainable parameter, replicated: stage 0 has megatron-core's own, every
 copy (`x0_embedding`, same global names, so the same initial values). Exactness of its
 gradient: x0 enters the loss on every stage that rebuilds it (stage s's blocks read x0 + U c),
 so dL/dE = sum over stages of each stage's local dL/dE (on stage 0 the direct path x0 -> x ->
-c = U^T (x - x0) cancels, and only what its blocks read of x0 counts). After backward, each
-stage's gradient of its copy is summed over the pipeline group (all stages of one replica and
-tp rank; megatron/cc/grad_sync/replica_embedding.py) and written into every copy -- the tied
-output layer's weight on the last stage included, after the usual emb channel has summed it
-with stage 0's -- so every copy takes the same step. That sum crosses stages once per
-iteration (V/tp x H + positions x H values per rank), on the log line's `emb` channel: honest
-bytes, amortised over the iteration's micro-batches (at pp 2 with tied embeddings it is the sum
-Megatron already makes, plus the position table). The copies are marked `shared` so the grad
+c = U^T (x - x0) cancels, and only what its blocks read of x0 counts). After backward, the
+copies' gradients are summed over the pipeline group (all stages of one replica and tp rank;
+megatron/cc/grad_sync/replica_embedding.py) and written into every copy, so every copy takes
+the same step. With tied embeddings the last stage first adds its copy's gradient into the
+output weight's, so Megatron's usual first + last emb sum carries both of its uses; at pp 2
+that sum is then already the whole word gradient and no second all-reduce is made. What
+crosses stages once per iteration, on the log line's `emb` channel (honest bytes, amortised
+over the iteration's micro-batches): at pp 2 tied, Megatron's own word sum plus the position
+table (positions x H); otherwise also the word table's V/tp x H sum over all stages.
+The copies are marked `shared` so the grad
 norm counts the embedding once.
 
 What must hold, and is refused otherwise (validate): --hidden-dropout 0 (dropout on a write,
@@ -244,30 +246,29 @@ def global_name(name: str) -> str:
 
 # --------------------------------------------------------------------------- gradient sync
 
-def embedding_copies(model) -> List[Tuple[torch.nn.Parameter, List[torch.nn.Parameter]]]:
-    """(this stage's copy, parameters that must take the same gradient) for the word and the
-    position table: what ReplicaEmbeddingSync sums over the pipeline stages."""
+def embedding_tables(model, pp: int):
+    """This stage's replicated tables (word, positions) for ReplicaEmbeddingSync."""
+    from megatron.cc.grad_sync.replica_embedding import ReplicaTable
     if not getattr(model, "sends_coefficients", False):
         return []
     embed = model.embedding if model.pre_process else model.x0_embedding
-    word = embed.word_embeddings.weight
-    mirrors = []
-    if model.post_process and model.share_embeddings_and_output_weights and \
-            not model.pre_process:
-        mirrors.append(model.output_layer.weight)   # the tied copy: summed with stage 0's
-    copies = [(word, mirrors)]
+    tied = model.share_embeddings_and_output_weights
+    fold = model.output_layer.weight if tied and model.post_process else None
+    # tied at pp 2: the emb channel's first + last sum is already the whole word gradient
+    tables = [ReplicaTable(embed.word_embeddings.weight, fold, allreduce=not (tied and pp == 2))]
     if getattr(embed, "add_position_embedding", False):
-        copies.append((embed.position_embeddings.weight, []))
-    return copies
+        tables.append(ReplicaTable(embed.position_embeddings.weight))
+    return tables
 
 
 def wrap_emb_channel(args, emb, model, topo, stats):
-    """The emb channel followed by the sum of the x0 copies' gradients over the stages."""
+    """The emb channel with the x0 copies' gradients summed over the stages."""
     if not sends_coefficients(args):
         return emb
     from megatron.cc.grad_sync.replica_embedding import ReplicaEmbeddingSync
     from megatron.cc.grad_sync.sync import unwrap
-    return ReplicaEmbeddingSync(emb, topo.pp_group, stats, embedding_copies(unwrap(model)))
+    return ReplicaEmbeddingSync(emb, topo.pp_group, stats,
+                                embedding_tables(unwrap(model), args.pp))
 
 
 def attach_codecs(args, links) -> None:

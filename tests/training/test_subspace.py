@@ -40,22 +40,28 @@ def _grads_after(trainer):
     return out
 
 
-def _pp1_worker(rank, world, corpus):
+def _pp1_worker(rank, world, corpus, extra):
     """The constrained model's gradients at pp 1, and the ordinary model's loss."""
-    common = {"train-iters": 1, "clip-grad": 0.0, "global-batch-size": 4}
+    common = {"train-iters": 1, "clip-grad": 0.0, "global-batch-size": 4, **extra}
     plain = runner.train(tiny_gpt_argv(corpus, **common), world)
     return runner._run(tiny_gpt_argv(corpus, **common, **CONSTRAINED), world,
                        after_train=_grads_after), plain
 
 
-def _pp2_worker(rank, world, corpus, extra):
-    argv = tiny_gpt_argv(corpus, **{"pipeline-model-parallel-size": 2, "train-iters": 1,
-                                    "clip-grad": 0.0, "global-batch-size": 4, **extra})
+def _pp_worker(rank, world, corpus, extra):
+    argv = tiny_gpt_argv(corpus, **{"pipeline-model-parallel-size": world, "train-iters": 1,
+                                    "clip-grad": 0.0, "global-batch-size": 4, **WIRE, **extra})
     return runner._run(argv, world, after_train=_grads_after)
 
 
-def test_backward_message_is_exact(tiny_corpus):
-    (ref_loss, ref), plain = run_distributed(_pp1_worker, 1, (tiny_corpus,), timeout=300)[0]
+@pytest.mark.parametrize("pp,extra", [
+    (2, {}),                                                # tied: Megatron's sum carries it
+    (4, {}),                                                # tied, middle stages' copies
+    (2, {"untie-embeddings-and-output-weights": True}),     # untied: the copies' own sum
+])
+def test_backward_message_is_exact(tiny_corpus, pp, extra):
+    (ref_loss, ref), plain = run_distributed(_pp1_worker, 1, (tiny_corpus, extra),
+                                             timeout=300)[0]
     assert ref_loss[0] != plain[0]
     # the constraint is on: an output projection's gradient U U^T G has rank <= k
     import numpy as np
@@ -63,17 +69,17 @@ def test_backward_message_is_exact(tiny_corpus):
                  "decoder.layers.3.mlp.linear_fc2.weight"):
         sv = np.linalg.svd(ref[name][0].astype(np.float64), compute_uv=False)
         assert sv[K] < 1e-5 * sv[0], (name, sv[:K + 1])
-    loss, got = run_distributed(_pp2_worker, 2, (tiny_corpus, WIRE), timeout=300)[-1]
+    loss, got = run_distributed(_pp_worker, pp, (tiny_corpus, extra), timeout=300)[-1]
     assert abs(loss[0] - ref_loss[0]) <= REL_TOL * abs(ref_loss[0])
     assert set(got) == set(ref)
     worst = 0.0
     for name, copies in got.items():
         want = ref[name][0]
-        for g in copies:   # the embedding: stage 0's, its x0 copy and the tied output weight
+        for g in copies:   # the embedding: stage 0's, the x0 copies, the tied output weight
             err = abs(g - want).max() / max(abs(want).max(), 1e-30)
             worst = max(worst, err)
             assert err <= GRAD_TOL, (name, err)
-    print(f"worst relative gradient difference: {worst:.2e}")
+    print(f"pp {pp} {extra}: worst relative gradient difference {worst:.2e}")
 
 
 def _layout_worker(rank, world, corpus, layouts):

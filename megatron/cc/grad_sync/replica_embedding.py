@@ -9,7 +9,8 @@ of one data-parallel replica and tensor-parallel rank, whose vocabulary shards m
 writes the sum into every copy and its mirrors, so every copy takes the same step. Exact: one
 SUM all-reduce per table, its bytes on the `emb` channel.
 """
-from typing import List, Tuple
+from dataclasses import dataclass
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -18,30 +19,53 @@ from megatron.cc.grad_sync.channel import SyncChannel
 from megatron.cc.stats import ChannelStats
 
 
-class ReplicaEmbeddingSync(SyncChannel):
-    """`inner` (the emb channel), then the sum of each replicated table over `group`.
+@dataclass
+class ReplicaTable:
+    """One replicated table as this stage holds it.
 
-    copies: per table, (this stage's copy, parameters that take the same summed gradient:
-    the last stage's tied output weight). Gradients are read from `main_grad` (megatron DDP's
-    buffers), after the dp channel has averaged them over replicas.
+    copy: this stage's copy (main_grad: this stage's share of the gradient).
+    fold_into: the last stage's tied output weight, when the table is the tied word
+        embedding: the copy's gradient is added to it before the emb channel runs, so the
+        emb channel's first + last sum already holds both of the last stage's uses; after
+        it, the copy takes the output weight's summed gradient.
+    allreduce: sum over the stages (False only where the emb channel's sum is already the
+        whole gradient: the tied word table at pp 2, which saves a second V/tp x H
+        all-reduce over the same two stages). Equal on every stage of the group.
+    """
+    copy: torch.nn.Parameter
+    fold_into: Optional[torch.nn.Parameter] = None
+    allreduce: bool = True
+
+
+class ReplicaEmbeddingSync(SyncChannel):
+    """`inner` (the emb channel), with each replicated table's gradient summed over `group`.
+
+    Gradients are read from `main_grad` (megatron DDP's buffers), after the dp channel has
+    averaged them over replicas. Every copy ends with the same summed gradient.
     """
 
     def __init__(self, inner: SyncChannel, group, stats: ChannelStats,
-                 copies: List[Tuple[torch.nn.Parameter, List[torch.nn.Parameter]]]):
-        self.inner, self.group, self.stats, self.copies = inner, group, stats, copies
+                 tables: List[ReplicaTable]):
+        self.inner, self.group, self.stats, self.tables = inner, group, stats, tables
 
     def __call__(self, model, iteration: int) -> None:
+        for t in self.tables:
+            if t.fold_into is not None:   # the last stage's two uses of the tied weight
+                t.fold_into.main_grad.add_(t.copy.main_grad)
+                t.copy.main_grad.zero_()
         self.inner(model, iteration)
         if self.group is None or dist.get_world_size(self.group) < 2:
             return
-        for copy, mirrors in self.copies:
-            grad = copy.main_grad
-            dist.all_reduce(grad, group=self.group)
-            for m in mirrors:
-                m.main_grad.copy_(grad)
-            n = grad.numel() * grad.element_size()
-            self.stats.add("emb", n, n)
-
+        for t in self.tables:
+            grad = t.copy.main_grad
+            if t.allreduce:
+                dist.all_reduce(grad, group=self.group)   # stage 0's holds the emb sum
+                n = grad.numel() * grad.element_size()
+                self.stats.add("emb", n, n)
+            elif t.fold_into is not None:
+                grad.copy_(t.fold_into.main_grad)
+            if t.fold_into is not None and t.allreduce:
+                t.fold_into.main_grad.copy_(grad)
     @property
     def overlapped(self) -> bool:
         return self.inner.overlapped
