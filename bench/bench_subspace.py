@@ -36,7 +36,7 @@ DEMO = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4
         "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine",
         "--attention-dropout", "0", "--hidden-dropout", "0", "--seed", "1234"]
 _RUN = re.compile(r"^sub-k(\d+)-b(\d+)$")
-DEFAULT_RUNS = "none,sub-k8-b0,sub-k8-b4,sub-k16-b4,sub-k32-b8"
+DEFAULT_RUNS = "none,sub-k8-b4,sub-k16-b2,sub-k8-b0,sub-k32-b4"
 
 
 def run_flags(label: str) -> list:
@@ -91,15 +91,22 @@ def main(argv=None) -> int:
         print(f"{label:14s} valid {r.final_valid:.4f}  pp-fwd x{r.ratio.get('pp-fwd', 1):.1f}  "
               f"pp-bwd x{r.ratio.get('pp-bwd', 1):.1f}  {r.steady_ms:.0f} ms/iter "
               f"({r.wall_s:.0f} s)", flush=True)
-    base = next((r.final_valid for r in results if r.name == "none"), None)
-    rows = table(results, base)
-    print("\n".join(rows))
+        write(a, tp, pp, results)   # after every run: a long bench cut short keeps its rows
+    print("\n".join(table(results, _base(results))))
+    return 0
+
+
+def _base(results):
+    return next((r.final_valid for r in results if r.name == "none"), None)
+
+
+def write(a, tp, pp, results) -> None:
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out + ".md", "w") as f:
         f.write(f"Subspace Networks from scratch, demo shape, {a.iters} iterations, tp {tp} x "
-                f"pp {pp} x {a.nproc} processes, dropout off\n\n" + "\n".join(rows) + "\n")
+                f"pp {pp} x {a.nproc} processes, dropout off\n\n"
+                + "\n".join(table(results, _base(results))) + "\n")
     save_runs(a.out + ".json", a.iters, results, {"layout": a.layout, "nproc": a.nproc})
-    return 0
 
 
 if __name__ == "__main__":
