@@ -75,6 +75,10 @@ def main(argv=None) -> int:
     p.add_argument("--nproc", type=int, default=8, help="Processes (default 8: dp 2 at 2,2).")
     p.add_argument("--eval-iters", type=int, default=4, help="Validation iterations.")
     p.add_argument("--port", type=int, default=29671, help="torchrun master port.")
+    p.add_argument("--save-baseline", default=None,
+                   help="Save the uncompressed run's final checkpoint here (to export it and "
+                        "measure tools/checkpoint/subspace_hf.py's import error on a trained "
+                        "model).")
     p.add_argument("--out", default=os.path.join(HERE, "results", "subspace"),
                    help="Results prefix (.md and .json are written).")
     a = p.parse_args(argv)
@@ -86,7 +90,9 @@ def main(argv=None) -> int:
         "--eval-interval", str(max(1, a.iters // 3)), "--eval-iters", str(a.eval_iters)]
     results = []
     for label in a.runs.split(","):
-        r = run_pretrain(label, a.nproc, common + run_flags(label), port=a.port)
+        save = ["--save", a.save_baseline, "--save-interval", str(a.iters)] \
+            if label == "none" and a.save_baseline else []
+        r = run_pretrain(label, a.nproc, common + run_flags(label) + save, port=a.port)
         results.append(r)
         print(f"{label:14s} valid {r.final_valid:.4f}  pp-fwd x{r.ratio.get('pp-fwd', 1):.1f}  "
               f"pp-bwd x{r.ratio.get('pp-bwd', 1):.1f}  {r.steady_ms:.0f} ms/iter "

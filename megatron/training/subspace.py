@@ -71,6 +71,7 @@ Bytes: forward and backward messages are (S/tp, B, k), in the pipeline dtype at
 fp32 (S, B, H): ratio = 32 H / (bits k) per direction, e.g. H 128, k 8, 4 bits -> x126 (scales
 included, S B / tp = 256 tokens per message).
 """
+import hashlib
 import math
 from typing import List, Optional, Tuple
 
@@ -156,8 +157,11 @@ def validate(args) -> None:
 
 def basis(seed: int, hidden: int, k: int) -> torch.Tensor:
     """U (H, k), orthonormal columns, a function of (seed, H, k) only: every rank draws the same."""
-    from megatron.training.model import _generator
-    g = torch.randn(hidden, k, generator=_generator(seed, "subspace.U"), dtype=torch.float64)
+    # keyed like model.py's initial weights, (seed, name), but not imported from there:
+    # model.py builds this module's class (one import direction)
+    digest = hashlib.sha256(f"{seed}/subspace.U".encode()).digest()
+    gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    g = torch.randn(hidden, k, generator=gen, dtype=torch.float64)
     q, r = torch.linalg.qr(g)
     q = q * torch.sign(torch.diagonal(r))   # QR's signs made unique: same U on any LAPACK
     return q.float()

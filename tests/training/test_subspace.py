@@ -167,3 +167,15 @@ def test_refusals_name_the_flag(tiny_corpus, flags, match):
     flags = {"pipeline-model-parallel-size": 2, "hidden-dropout": 0.0, **flags}
     with pytest.raises(ConfigError, match=match):
         parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=4)
+
+
+def _overlap_worker(rank, world, corpus):
+    common = {"pipeline-model-parallel-size": 2, "train-iters": 3,
+              "forward-compress-method": "subspace", "subspace-rank": K}
+    return [runner.train(tiny_gpt_argv(corpus, **common, **extra), world)
+            for extra in ({}, {"overlap-p2p-comm": True})]
+
+
+def test_overlap_p2p_gives_the_same_losses(tiny_corpus):
+    plain, overlapped = run_distributed(_overlap_worker, 2, (tiny_corpus,), timeout=300)[-1]
+    assert len(plain) == 3 and plain == overlapped
