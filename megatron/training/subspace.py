@@ -193,15 +193,26 @@ class SubspaceGPTModel(GPTModel):
             for p in self.x0_embedding.parameters():
                 p.shared = True   # the grad norm counts stage 0's copy only
 
+    def _apply(self, fn, recurse=True):
+        """U stays fp32 whatever the training dtype: in bf16 its columns would be orthonormal
+        to ~1e-2 only, and U^T U != I would make the receiver's x0 + U c differ from the
+        sender's x by that much. Device moves apply; dtype casts do not."""
+        basis = self._buffers.get("subspace_basis")
+        super()._apply(fn, recurse)
+        if basis is not None:
+            self._buffers["subspace_basis"] = basis.to(fn(basis).device)
+        return self
+
     def _project_write(self, module, inputs, output):
         """A block's write (out, bias) -> (out U U^T, U U^T bias): out of a linear, so this is
         the layer with W_eff = U U^T W. Runs before the tp channel's sum of partial outputs
-        (hooks in registration order): the projection is linear, the sum the same."""
+        (hooks in registration order): the projection is linear, the sum the same. In fp32
+        (no-op casts when training in fp32)."""
         u = self.subspace_basis
         out, bias = output
-        out = (out @ u) @ u.t()
+        out = ((out.float() @ u) @ u.t()).to(out.dtype)
         if bias is not None:
-            bias = u @ (u.t() @ bias)
+            bias = (u @ (u.t() @ bias.float())).to(bias.dtype)
         return out, bias
 
     def set_input_tensor(self, input_tensor) -> None:
@@ -222,12 +233,13 @@ class SubspaceGPTModel(GPTModel):
         if self.pre_process:
             decoder_input = x0
         else:
-            self.decoder.set_input_tensor(x0 + self._coefficients @ u.t())
+            self.decoder.set_input_tensor(x0 + (self._coefficients.float() @ u.t()).to(x0.dtype))
         out = super().forward(input_ids, position_ids, attention_mask,
                               decoder_input=decoder_input, labels=labels, **kwargs)
         if self.post_process:
             return out
-        return (out - x0) @ u   # (S, B, k): what crosses to the next stage
+        # (S, B, k): what crosses to the next stage, in the pipeline dtype
+        return ((out - x0).float() @ u).to(out.dtype)
 
 
 def gpt_class(args):
