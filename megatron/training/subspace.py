@@ -33,16 +33,20 @@ it, but only U U^T W is ever used, and weight decay shrinks the unused part. The
 W = U B with B (k x in) trainable has the same function class; we take the form that keeps
 megatron-core's layers untouched.
 
-The subspace U. Fixed, as the paper's "predefined" subspace (abstract, Sec. 4): drawn from a
-generator keyed by (--seed, "subspace.U"), a Gaussian H x k orthonormalised by QR, identical on
-every rank with no communication, and saved with the model (a buffer in the state dict, so an
-imported model's U -- chosen from its weights -- travels with its checkpoints). It is not
-learned: a learned U would change the meaning of the coefficients every step and need its own
-synchronisation; the paper argues (rank collapse of the projection weights under AdamW and
-weight decay, Sec. 3) that a fixed low-dimensional subspace costs little.
+The subspace U. Fixed, as in the paper, which "predefine[s] a low-dimensional subspace to
+confine the activations and gradients" (abstract): drawn from a generator keyed by (--seed,
+"subspace.U"), a Gaussian H x k orthonormalised by QR (signs fixed), identical on every rank
+with no communication, kept in fp32 whatever the training dtype, and saved with the model (a
+buffer in the state dict, so an imported model's U -- chosen from its weights -- travels with
+its checkpoints). Not learned and not re-orthonormalised (nothing changes it): a learned U
+would change the meaning of the coefficients every step and need its own synchronisation. The
+paper's argument that a fixed subspace costs little is the rank collapse of the projection
+weights it observes under AdamW with decoupled weight decay; how much it costs here is measured
+(README, bench/bench_subspace.py).
 
-The embedding. The paper keeps the high-rank token and position embeddings out of the
-compressed stream and has each stage rebuild them locally. Here the embedding stays an
+The embedding. The paper takes the token and position embeddings out of what is confined (its
+residual is the layer output minus PE and TE) and has each stage rebuild them locally, from the
+token ids it can see. Here the embedding stays an
 ordinary trainable parameter, replicated: stage 0 has megatron-core's own, every other stage a
 copy (`x0_embedding`, same global names, so the same initial values). Exactness of its
 gradient: x0 enters the loss on every stage that rebuilds it (stage s's blocks read x0 + U c),

@@ -16,11 +16,12 @@ Import. The constrained model uses U U^T W for every attention / MLP output proj
 left singular vectors of all output projections side by side, [W_proj^1 b_proj^1 W_fc2^1
 b_fc2^1 ... W_fc2^L b_fc2^L] (H x sum of their input widths + 2L): the k-dim subspace that keeps
 the most of their squared Frobenius norm together (Eckart-Young for the stacked matrix). The
-paper's rank-collapse observation (Sec. 3, for projection matrices of pretrained transformers)
-is what makes this cheap; how cheap is measured, not assumed: the tool reports the kept share
-of that norm, the relative max logit error and the loss on a probe batch of the model's own
-vocabulary, before and after the projection. The checkpoint holds the projected weights
-(so exporting it right away gives the projected model) and U.
+paper's rank-collapse observation (the projection matrices of trained transformers have a low
+effective rank) is what would make this cheap; how cheap is measured, not assumed: the tool
+reports the kept share of that norm, and the relative max logit error and the next-token loss
+on a probe batch sampled from the model itself, before and after the projection (README has
+the validation loss of a model trained here, imported at several k). The checkpoint holds the
+projected weights (so exporting it right away gives the projected model) and U.
 
 --coefficients: the checkpoint's args name --forward-compress-method subspace, and every stage
 past the first gets its copy of the embedding (x0_embedding.*), as the training run with that
