@@ -36,7 +36,7 @@ DEMO = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4
         "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine",
         "--attention-dropout", "0", "--hidden-dropout", "0", "--seed", "1234"]
 _RUN = re.compile(r"^sub-k(\d+)-b(\d+)$")
-DEFAULT_RUNS = "none,sub-k8-b4,sub-k16-b2,sub-k8-b0,sub-k32-b4"
+DEFAULT_RUNS = "none,sub-k10-b4,sub-k8-b4,sub-k8-b0,sub-k32-b4"
 
 
 def run_flags(label: str) -> list:

@@ -191,3 +191,18 @@ def test_defaults_meet_100x_both_ways_at_the_demo_shape(tiny_corpus):
         "pipeline-model-parallel-size": 2, "forward-compress-method": "subspace"})
     sent, raw = subspace.expected_bytes_per_message(parse_args(argv, world_size=8))
     assert raw / sent >= 100, (sent, raw)   # one formula for both directions
+
+
+def _whole_worker(rank, world, corpus):
+    return runner.train(tiny_gpt_argv(corpus, **{"pipeline-model-parallel-size": 2,
+                                                 **CONSTRAINED}), world)
+
+
+def test_constrained_model_alone_at_pp2_matches_pp1(tiny_corpus):
+    """--subspace-rank without the coefficient wire: whole activations, the same model."""
+    ref = run_distributed(_layout_worker, 1, (tiny_corpus, [(1, 1, CONSTRAINED)]),
+                          timeout=300)[0][(1, 1)]
+    got = run_distributed(_whole_worker, 2, (tiny_corpus,), timeout=300)[-1]
+    assert len(got) == 5
+    for a, b in zip(got, ref):
+        assert abs(a - b) <= REL_TOL * abs(b), (a, b)
