@@ -155,6 +155,11 @@ def validate(args) -> None:
         raise ConfigError(f"{method} brings its own backward partner (the gradient's k "
                           f"coefficients, exact at --subspace-bits 0): drop "
                           f"--backward-compress-method / --inter-grad-comp")
+    if c.compress_warmup_iters or c.warmup_epochs:
+        raise ConfigError(f"{method} has no uncompressed warm-up: the stage boundary carries "
+                          f"coefficients from the first step (the model is built that way); "
+                          f"drop --compress-warmup-iters / --warmup-epochs (--subspace-bits 0 "
+                          f"sends them unquantised)")
     if c.check_orth_error_acti:
         raise ConfigError(f"--check-orth-error-acti watches CB's error buffer; {method} has "
                           f"none: drop it")

@@ -156,6 +156,8 @@ def test_logged_bytes_match_formula(tiny_corpus, bits):
     ({"forward-compress-method": "subspace", "backward-compress-method": "fixpoint"},
      "brings its own backward partner"),
     ({"subspace-bits": 2}, "--forward-compress-method is none"),
+    ({"forward-compress-method": "subspace", "compress-warmup-iters": 2},
+     "no uncompressed warm-up"),
     ({"forward-compress-method": "subspace", "tensor-model-parallel-size": 2,
       "sequence-parallel": True}, "drop --sequence-parallel"),
     ({"forward-compress-method": "subspace", "num-layers-per-virtual-pipeline-stage": 1},
