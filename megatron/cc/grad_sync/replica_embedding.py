@@ -2,12 +2,14 @@
 
 The subspace-constrained model (megatron/training/subspace.py) rebuilds the embedding part x0
 of the residual stream on every stage, so every stage holds a copy of the embedding tables and
-each copy's gradient is that stage's share of the one true gradient. This channel runs after
-the ordinary emb channel (which has summed the tied output layer into stage 0's copy and the
-last stage's output weight): it sums the copies' gradients over `group` -- all pipeline stages
-of one data-parallel replica and tensor-parallel rank, whose vocabulary shards match -- and
-writes the sum into every copy and its mirrors, so every copy takes the same step. Exact: one
-SUM all-reduce per table, its bytes on the `emb` channel.
+each copy's gradient is that stage's share of the one true gradient. Around the ordinary emb
+channel: before it, the last stage adds its copy's gradient of the tied word table into the
+output weight's (so the emb channel's first + last sum carries both of its uses); after it,
+each table's gradient is summed over `group` -- all pipeline stages of one data-parallel
+replica and tensor-parallel rank, whose vocabulary shards match -- and written into every copy
+and the output weight, so every copy takes the same step. Exact: at most one SUM all-reduce per
+table (none for the tied word table at pp 2, where the emb channel's sum already is the whole),
+its bytes on the `emb` channel.
 """
 from dataclasses import dataclass
 from typing import List, Optional
