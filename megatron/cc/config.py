@@ -12,7 +12,7 @@ from typing import Optional
 from megatron.cc.config_fields import ConfigError, flag
 from megatron.cc.dp_modes import DpConfig
 from megatron.cc.emb_methods import EmbConfig
-from megatron.cc.pp_methods import LowRank, PpConfig
+from megatron.cc.pp_methods import LowRank, PpConfig, Subspace
 
 
 @dataclass
@@ -70,6 +70,7 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
     def __post_init__(self):
         DpConfig.__post_init__(self)
         LowRank.fold(self)
+        Subspace.fold(self)
 
     def validate(self, pp: int, dp: int, tp: int) -> None:
         self.validate_auto()

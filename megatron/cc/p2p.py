@@ -225,7 +225,8 @@ class PipelineChannels:
             if self.sg is not None:
                 x = self.sg.scatter(x)   # raw and the ratios: against the scattered baseline
             payload = link.encode(x, msg)
-            raw = x.numel() * x.element_size()
+            raw = x.numel() * x.element_size() if link.codec is None else \
+                link.codec.raw_nbytes(x)
             if msg.train:  # per-iteration training traffic; evaluation is not counted
                 self.stats.add(link.channel, nbytes(payload), raw, link.leaves_node)
             sends = [(p, link.peer) + link.tagged for p in payload]

@@ -512,6 +512,8 @@ def validate_args(args: Args) -> None:
     args.parallel.validate_virtual(args.model.num_layers, args.num_microbatches)
     validate_interleaving(args)
     args.data.validate()
+    from megatron.training import subspace
+    subspace.validate(args)   # before the generic pipeline checks: names its own fixes
     args.compression.validate(pp=args.pp, dp=args.dp, tp=args.tp)
     validate_auto_args(args)
     blend = (args.data.data_path and len(args.data.data_path) > 1) or \

@@ -13,6 +13,7 @@ from megatron.cc.pp_methods import LinkEnd, pp_codec
 from megatron.cc.speed import CompSpeed
 from megatron.training.initialize import group_timeout
 from megatron.training.nodes import spans_nodes
+from megatron.training import subspace
 from megatron.training.pipeline_codecs import StageLinks
 from megatron.training.transports import pipeline_transport
 
@@ -21,7 +22,8 @@ def activation_shape(args):
     """(S, B, H): what a stage outputs and the next takes, in Megatron's seq-first layout;
     with --sequence-parallel the rank's (S/tp, B, H) shard, sent as it is (no scatter-gather)."""
     seq = args.pipeline_seq_length if args.sequence_parallel else args.model.seq_length
-    return (seq, args.training.micro_batch_size, args.model.hidden_size)
+    # H, or k subspace coefficients (--forward-compress-method subspace)
+    return (seq, args.training.micro_batch_size, subspace.pipeline_width(args))
 
 
 def scatter_gather(args, topo):
@@ -145,7 +147,9 @@ def build_grad_sync(args, model, stats, topo, nodes=None) -> GradSync:
                 num_microbatches=args.num_microbatches, speed=speed_meter(args, stats),
                 group_timeout=group_timeout(args))
     dp = build_dp_channel(c, topo, stats, run)
-    return GradSync(dp, build_emb_channel(c, topo, stats, run, args.pp))
+    emb = build_emb_channel(c, topo, stats, run, args.pp)
+    # subspace: also the embedding copies every stage keeps for x0, summed over the stages
+    return GradSync(dp, subspace.wrap_emb_channel(args, emb, model, topo, stats))
 
 
 def mark_inter_node(stats, nodes, fused: bool, topo) -> None:

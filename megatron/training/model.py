@@ -20,7 +20,7 @@ import torch
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 from megatron.cc.grad_sync.sync import unwrap
-from megatron.training import architecture
+from megatron.training import architecture, subspace
 from megatron.training.attention import default_impl, layer_spec
 from megatron.training.topology import Topology, cuda_available
 
@@ -80,7 +80,7 @@ def _build_chunk(args, config: TransformerConfig, padded_vocab_size: int, topo: 
     spec = layer_spec(_impl(args), base=architecture.layer_spec(m))
     if config.sequence_parallel:
         spec = architecture.sequence_parallel_spec(spec, config, topo.pp_rank, vp_stage)
-    model = GPTModel(
+    model = subspace.gpt_class(args)(   # GPTModel, or its subspace-constrained form
         config=config,
         transformer_layer_spec=spec,
         vocab_size=padded_vocab_size, max_sequence_length=m.max_position_embeddings,
@@ -91,6 +91,7 @@ def _build_chunk(args, config: TransformerConfig, padded_vocab_size: int, topo: 
         rotary_base=m.rotary_base, **({} if vp_stage is None else {"vp_stage": vp_stage}))
     if m.output_layer_bias:
         architecture.add_output_layer_bias(model)
+    subspace.constrain(model, args)   # --subspace-rank / --forward-compress-method subspace
     init_weights_by_seed(model, args.training.seed, args.model.init_method_std,
                          args.model.num_layers, topo.tp_rank, topo.tp_size)
     # Every parameter in the training dtype, as Megatron's Float16Module casts the module:
@@ -175,6 +176,7 @@ def global_param_names(model: GPTModel) -> Iterator[Tuple[str, str, torch.nn.Par
     offsets = {i: layer.layer_number - 1 for i, layer in enumerate(layers)}
     for name, param in model.named_parameters():
         gname = _LAYER.sub(lambda mt: f"decoder.layers.{offsets[int(mt.group(1))]}.", name)
+        gname = subspace.global_name(gname)   # a stage's x0 embedding copy is the embedding
         if gname == "output_layer.weight" and model.share_embeddings_and_output_weights:
             gname = "embedding.word_embeddings.weight"
         yield name, gname, param

@@ -24,7 +24,7 @@ from megatron.training.nodes import node_of_ranks
 from megatron.cc.schedule import PAIRED, PREFETCH, SYNC, Schedule, forward_backward, run_backward
 from megatron.cc.stats import ChannelStats
 from megatron.training import data as data_mod
-from megatron.training import comp_summary
+from megatron.training import comp_summary, subspace
 from megatron.training.batch_rampup import BatchRampup
 from megatron.training.run_log import RunLog, run_dir
 from megatron.training.checkpointing import (
@@ -78,13 +78,15 @@ class StageStep:
         model, M = self.t.model, self.t.batches.num_microbatches
         c = chunk or 0
         first, last = self.t.topo.chunk_is_first(c), self.t.topo.chunk_is_last(c)
+        # subspace: every stage rebuilds the embedding part of its input from the tokens
+        feed = first or subspace.sends_coefficients(self.t.args)
         batch = to_device(data_mod.collate(self.dataset, self.sample_ids(mb)),
-                          self.t.topo.device) if first or last else {}
+                          self.t.topo.device) if feed or last else {}
         which = {} if chunk is None else {"chunk": chunk}
         unwrap(model).set_input_tensor(input_tensor, **which)
         with torch.set_grad_enabled(not self.forward_only):
-            out = model(batch.get("tokens") if first else None,
-                        batch.get("position_ids") if first else None, None, **which)
+            out = model(batch.get("tokens") if feed else None,
+                        batch.get("position_ids") if feed else None, None, **which)
             if not last:
                 return out
             per_token = self.t.lm_loss(out, batch["labels"])   # (B, S)

@@ -28,6 +28,10 @@ FLAGS = {
     "tah": {"forward-compress-method": "tah", "backward-compress-method": "fixpoint",
             "backward-bits": 6, "backward-tile-size": 16, "tile-size": 16},
     "cb-lep": {"inter-grad-comp": True, "inter-grad-comp-rank": 2, "use-error-feedback": True},
+    # Subspace Networks: (S, B, k) coefficients, 4-bit and unquantised
+    "subspace": {"forward-compress-method": "subspace", "subspace-rank": 4},
+    "subspace-raw": {"forward-compress-method": "subspace", "subspace-rank": 4,
+                     "subspace-bits": 0},
 }
 
 
@@ -52,14 +56,15 @@ def _channels(stage, flags, corpus):
 def _exchange(gpu, first, last, iteration=0):
     """Stage 0 sends y and receives its gradient; stage 1 receives y and sends a gradient."""
     msg = Message(microbatch=0, iteration=iteration, sample_ids=torch.arange(B))
-    y = torch.randn(S, B, H).to(gpu.device, torch.bfloat16)
+    shape = first.shape   # (S, B, H), or (S, B, k) subspace coefficients
+    y = torch.randn(shape).to(gpu.device, torch.bfloat16)
     with gpu.strict():
         first.send_forward(y, msg)
         x = last.recv_forward(msg)
-        last.send_backward(torch.randn(S, B, H).to(gpu.device, torch.bfloat16), msg)
+        last.send_backward(torch.randn(shape).to(gpu.device, torch.bfloat16), msg)
         g = first.recv_backward(msg)
     for t in (x, g):
-        assert t.device == gpu.device and t.dtype == torch.bfloat16 and t.shape == (S, B, H)
+        assert t.device == gpu.device and t.dtype == torch.bfloat16 and t.shape == shape
 
 
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])

@@ -23,6 +23,8 @@ FAMILIES = {
     "llama": {"position-embedding-type": "rope", "normalization": "RMSNorm", "swiglu": True,
               "disable-bias-linear": True, "group-query-attention": True,
               "num-query-groups": 2, "untie-embeddings-and-output-weights": True},
+    # Subspace Networks' constrained model (its fp32 basis kept fp32 under --bf16/--fp16)
+    "gpt2-subspace": {"subspace-rank": 4},
 }
 DTYPES = {"fp32": {}, "bf16": {"bf16": True}, "fp16": {"fp16": True}}
 SMALL = {"num-layers": 1, "seq-length": 16, "global-batch-size": 2, "train-iters": 4,
@@ -113,6 +115,9 @@ def _step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, back
     trainer = build_trainer(gpu, argv)
     assert_on_gpu(trainer, gpu, stepped=False)
     assert_one_dtype(trainer, PARAM_DTYPES[dtype])
+    if family.endswith("subspace"):   # U orthonormal to fp32 precision in any training dtype
+        from megatron.training.model import unwrap
+        assert unwrap(trainer.model).subspace_basis.dtype == torch.float32
     start = len(gpu.events)
     metrics = trainer.train_step()
     assert trainer.iteration == 1 and isinstance(metrics["lm loss"], float)

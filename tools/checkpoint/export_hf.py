@@ -68,6 +68,8 @@ def build_hf_model(full: FullCheckpoint, tokenizer, dtype: torch.dtype = torch.f
                    model_type=None):
     """A transformers model of the checkpoint's family holding its weights."""
     from transformers import AutoModelForCausalLM
+    from tools.checkpoint.subspace_hf import unconstrain
+    full = unconstrain(full)   # a subspace checkpoint: its equivalent ordinary model
     family = for_model_args(full.model_args, model_type)
     config = family.hf_config(full.model_args, tokenizer.vocab_size, tokenizer.eod, dtype)
     state = family.to_hf(full.params, full.model_args, tokenizer.vocab_size)

@@ -59,6 +59,10 @@ OUTPUT_BIAS = "output_layer.bias"
 _EXTRA_STATE_LINEARS = ("self_attention.linear_proj", "self_attention.linear_qkv",
                         "mlp.linear_fc1", "mlp.linear_fc2")
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
+# Subspace Networks (megatron/training/subspace.py): U on every stage, and with coefficients on
+# the wire a copy of the embedding on every stage past the first
+SUBSPACE_BASIS = "subspace_basis"
+X0_COPY = "x0_embedding."
 
 
 # --------------------------------------------------------------------------- naming rules
@@ -99,6 +103,8 @@ def to_global(local: str, pp_rank: int, pp: int, num_layers: int, tied: bool,
         return f"decoder.layers.{int(m.group(1)) + (chunk * pp + pp_rank) * per}.{m.group(2)}"
     if local == OUTPUT and tied:
         return WORD_EMB
+    if local.startswith(X0_COPY):   # subspace: a stage's copy of the embedding is the embedding
+        return "embedding." + local[len(X0_COPY):]
     return local
 
 
@@ -108,9 +114,10 @@ def model_keys(sd: dict) -> List[str]:
     return ["model"] if vp == 1 else [f"model{c}" for c in range(vp)]
 
 
-def stage_keys(gnames: List[str], pp_rank: int, pp: int, num_layers: int, tied: bool
-               ) -> List[Tuple[str, str]]:
-    """(local key, global name) of every tensor stage pp_rank holds, in GPTModel's order."""
+def stage_keys(gnames: List[str], pp_rank: int, pp: int, num_layers: int, tied: bool,
+               x0_copies: bool = False) -> List[Tuple[str, str]]:
+    """(local key, global name) of every tensor stage pp_rank holds, in GPTModel's order.
+    `x0_copies`: subspace coefficients on the wire, every later stage holds the embedding too."""
     per = layers_per_stage(num_layers, pp)
     first, last = pp_rank == 0, pp_rank == pp - 1
     out = []
@@ -123,14 +130,23 @@ def stage_keys(gnames: List[str], pp_rank: int, pp: int, num_layers: int, tied: 
         elif g.startswith("embedding."):
             if first:
                 out.append((g, g))
+            elif x0_copies:
+                out.append((X0_COPY + g[len("embedding."):], g))
             if g == WORD_EMB and tied and last and pp > 1:
                 out.append((OUTPUT, g))
         elif g.startswith(("decoder.final_layernorm", "output_layer")):
             if last:
                 out.append((g, g))
+        elif g == SUBSPACE_BASIS:
+            out.append((g, g))
         else:
             raise CheckpointError(f"do not know which pipeline stage holds '{g}'")
     return out
+
+
+def x0_copies(args: dict) -> bool:
+    """Does the run these args describe keep x0 embedding copies (subspace coefficients)?"""
+    return (args.get("compression") or {}).get("forward_compress_method") == "subspace"
 
 
 def extra_state_keys(num_layers: int, pp_rank: int, pp: int) -> List[str]:
@@ -322,9 +338,9 @@ def _merge_stage(tp_sds, optims, p, chunk, vp, pp, num_layers, tied, glu, params
             raise CheckpointError(f"stage {p}: {local} is in tp rank 0's shard but not in "
                                   f"every other tp rank's; mismatched shards") from None
         value = _cat(pieces, g, glu)
-        if g in params:  # the tied output weight on the last stage duplicates the embedding
+        if g in params:  # the tied output weight, subspace x0 copies and U: as on stage 0
             if not torch.equal(params[g], value):
-                _warn(f"the last stage's output_layer.weight differs from {g} on stage 0 "
+                _warn(f"stage {p}'s {local} differs from {g} on stage 0 "
                       f"(max |diff| {(params[g].float() - value.float()).abs().max():.3g});"
                       f" keeping stage 0's")
             continue
@@ -453,7 +469,7 @@ def split(full: FullCheckpoint, tp: int, pp: int, vocab_size: Optional[int] = No
     optim = full.optimizer if with_optimizer else None
     out = {}
     for p in _progress(range(pp), "splitting stages", progress, "stage"):
-        keys = stage_keys(gnames, p, pp, num_layers, full.tied)
+        keys = stage_keys(gnames, p, pp, num_layers, full.tied, x0_copies(full.args))
         for t in range(tp):
             model, opt = {}, ({} if optim is not None else None)
             for local, g in keys:

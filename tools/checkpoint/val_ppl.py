@@ -62,8 +62,13 @@ def eval_args(full: FullCheckpoint, **overrides):
     from megatron.training import arguments as A
     d = full.args
     groups = {name: _build(cls, dict(d.get(name, {}))) for name, cls, _ in A.GROUPS}
-    # Uncompressed: nothing crosses a process boundary in one process anyway.
-    args = A.Args(**groups, compression=CompressionConfig(), world_size=1)
+    # Uncompressed: nothing crosses a process boundary in one process anyway. But a subspace
+    # model (megatron/training/subspace.py) is another model: keep its rank.
+    rank = (d.get("compression") or {}).get("subspace_rank")
+    if rank is None and (d.get("compression") or {}).get("forward_compress_method") == "subspace":
+        from megatron.training.subspace import DEFAULT_RANK
+        rank = DEFAULT_RANK
+    args = A.Args(**groups, compression=CompressionConfig(subspace_rank=rank), world_size=1)
     args.parallel.tensor_model_parallel_size = args.parallel.pipeline_model_parallel_size = 1
     args.parallel.distributed_backend = "gloo"
     # One process needs none of the training run's GPU options (transports, loss scaling);

@@ -9,6 +9,7 @@ Importing this package registers every codec by name:
     delta-lowbits  delta.DeltaLowbitsCodec  the same with a low-bit cache
     tah            tah.TahCodec             TAH-Quant tile-wise adaptive Hadamard
     cocktail       sparse.CocktailCodec     CocktailSGD random + top-k + quantised values
+    subspace       subspace.SubspaceCodec   Subspace Networks' coefficients (raw or fixpoint)
 """
 from .base import REGISTRY, Codec, CodecContext, get_codec, payload_bytes, register
 from .delta import ActivationCache, CacheTooLarge, DeltaCodec, DeltaLowbitsCodec
@@ -18,8 +19,10 @@ from .quant import pack_bits, packed_nbytes, unpack_bits
 from .rsvd import RandomizedSVDCodec
 from .sparse import CocktailCodec
 from .tah import TahCodec
+from .subspace import SubspaceCodec
 
 __all__ = ["REGISTRY", "Codec", "CodecContext", "get_codec", "payload_bytes", "register",
            "ActivationCache", "CacheTooLarge", "DeltaCodec", "DeltaLowbitsCodec",
            "LowRankCodec", "orthogonalize_", "FixpointCodec", "pack_bits", "packed_nbytes",
-           "unpack_bits", "CocktailCodec", "TahCodec", "RandomizedSVDCodec"]
+           "unpack_bits", "CocktailCodec", "TahCodec", "RandomizedSVDCodec",
+           "SubspaceCodec"]

@@ -75,6 +75,12 @@ class Codec:
     def load_state_dict(self, sd: dict) -> None:
         pass
 
+    def raw_nbytes(self, x: torch.Tensor) -> int:
+        """Bytes of the uncompressed message `x` stands for (the log line's ratio is against
+        them): x itself, except where the model sends a narrower tensor in its place (the
+        subspace coefficients)."""
+        return x.numel() * x.element_size()
+
     def payload_nbytes(self, shape, dtype) -> int:
         """Bytes on the wire for one message of this shape (from payload_spec)."""
         return sum(math.prod(map(int, s)) * torch.empty((), dtype=d).element_size()

@@ -17,13 +17,14 @@ from megatron.cc.pp_methods.delta_lowbits import DeltaLowbits
 from megatron.cc.pp_methods.fixpoint import Fixpoint
 from megatron.cc.pp_methods.fixpoint_bwd import FixpointBackward
 from megatron.cc.pp_methods.lowrank import LowRank
+from megatron.cc.pp_methods.subspace import Subspace
 from megatron.cc.pp_methods.tah import TAH
 
-FWD = {m.name: m for m in (PpMethod, Fixpoint, Delta, DeltaLowbits, TAH)}
-BWD = {m.name: m for m in (PpMethod, FixpointBackward, LowRank)}
+FWD = {m.name: m for m in (PpMethod, Fixpoint, Delta, DeltaLowbits, TAH, Subspace)}
+BWD = {m.name: m for m in (PpMethod, FixpointBackward, LowRank, Subspace)}
 
-__all__ = ["BWD", "FWD", "LinkEnd", "LowRank", "PpConfig", "pp_codec", "pp_link", "pp_method",
-           "pp_warmup_iters"]
+__all__ = ["BWD", "FWD", "LinkEnd", "LowRank", "PpConfig", "Subspace", "pp_codec", "pp_link",
+           "pp_method", "pp_warmup_iters"]
 
 
 @dataclass
@@ -32,11 +33,15 @@ class PpChannel:   # the flags both pipeline channels share
         "none", "Codec of the activations sent forward between pipeline stages: fixpoint "
                 "(b-bit, one scale per hidden channel), delta / delta-lowbits (AC-SGD: the b-bit "
                 "change against a per-sample activation cache kept on both ends), tah "
-                "(TAH-Quant). Validation passes always send uncompressed.", choices=[*FWD])
+                "(TAH-Quant), subspace (Subspace Networks: the subspace-constrained model "
+                "sends --subspace-rank coefficients per token both ways; see "
+                "megatron/training/subspace.py). Validation passes always send uncompressed.",
+        choices=[*FWD])
     backward_compress_method: str = flag(
         "none", "Codec of the activation gradients sent back: fixpoint (b-bit, no error "
                 "feedback) or lowrank (Optimus-CC CB, the same as --inter-grad-comp, with "
-                "its --inter-grad-comp-* / --use-error-feedback modifiers).", choices=[*BWD])
+                "its --inter-grad-comp-* / --use-error-feedback modifiers); subspace comes "
+                "with --forward-compress-method subspace.", choices=[*BWD])
     stochastic_rounding: bool = flag(
         False, "fixpoint / delta quantisers round stochastically (unbiased) instead of to "
                "nearest; the generators are in the checkpoint.")
@@ -57,7 +62,8 @@ class PpChannel:   # the flags both pipeline channels share
 
 
 @dataclass
-class PpConfig(*reversed([m for m in (*FWD.values(), *BWD.values()) if m is not PpMethod]),
+class PpConfig(*reversed([m for m in dict.fromkeys((*FWD.values(), *BWD.values()))
+                           if m is not PpMethod]),
                PpChannel):
     """Every pipeline method's fields (PpChannel's first in --help)."""
 

@@ -1,0 +1,119 @@
+"""Subspace Networks from scratch: pipeline bytes and loss against the uncompressed run.
+
+The demo model's shape (4 layers, hidden 128, 4 heads, seq 128, micro-batch 4, global batch
+32, the demo's learning-rate schedule) on the embedded corpus, trained from scratch once per
+configuration, same seed and data:
+  none          the ordinary model, uncompressed pipeline (the baseline)
+  sub-kK-bB     --forward-compress-method subspace --subspace-rank K --subspace-bits B
+                (B 0: coefficients unquantised, exact both ways; else B-bit fixpoint)
+Every run has dropout off (the subspace model needs --hidden-dropout 0; the baseline the same,
+so the table compares the constraint and the wire alone). Prints a table of pp-fwd / pp-bwd /
+emb bytes per iteration with their ratio against the uncompressed fp32 messages (as logged),
+the final training loss (mean of the last log interval's line), the final validation loss and
+its gap to the baseline; writes bench/results/subspace.md and .json.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_subspace.py               # 300 iterations
+    .venv/bin/python bench/bench_subspace.py --iters 100 --runs none,sub-k8-b4
+    .venv/bin/python bench/bench_subspace.py --layout 1,2     # tp 1 x pp 2: 2 processes
+
+Layouts give the same losses (tests/training/test_subspace.py: (2,2,2) against (1,1,1)), so a
+smaller --layout measures the same losses; the byte ratios differ only by the fixpoint scales'
+share (one 16-bit scale per coefficient per message, messages of S/tp x B tokens).
+"""
+import argparse
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+from runlog import run_pretrain, save_runs  # noqa: E402
+
+DEMO = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4",
+        "--seq-length", "128", "--micro-batch-size", "4", "--global-batch-size", "32",
+        "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine",
+        "--attention-dropout", "0", "--hidden-dropout", "0", "--seed", "1234"]
+_RUN = re.compile(r"^sub-k(\d+)-b(\d+)$")
+DEFAULT_RUNS = "none,sub-k10-b4,sub-k8-b4,sub-k8-b0,sub-k32-b4"
+
+
+def run_flags(label: str) -> list:
+    """Flags of one configuration label (see the module docstring)."""
+    if label == "none":
+        return []
+    m = _RUN.match(label)
+    if not m:
+        raise SystemExit(f"unknown run {label!r}: none or sub-k<K>-b<B>")
+    return ["--forward-compress-method", "subspace", "--subspace-rank", m.group(1),
+            "--subspace-bits", m.group(2)]
+
+
+def table(results, base) -> list:
+    rows = ["| run | pp-fwd bytes/iter (ratio) | pp-bwd bytes/iter (ratio) | emb bytes/iter | "
+            "train loss | validation loss | gap to none | ms/iter |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        def ch(name):
+            b = r.bytes_per_iter.get(name)
+            return "-" if b is None else f"{b / 1024:.1f} KB (x{r.ratio.get(name, 1):.1f})"
+        last = r.losses[max(r.losses)] if r.losses else float("nan")
+        v = r.final_valid
+        gap = "" if base is None or v is None else f"{100 * (v - base) / base:+.2f}%"
+        rows.append(f"| {r.name} | {ch('pp-fwd')} | {ch('pp-bwd')} | {ch('emb')} | "
+                    f"{last:.4f} | {v:.4f} | {gap} | {r.steady_ms:.0f} |")
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--iters", type=int, default=300, help="Training iterations per run.")
+    p.add_argument("--runs", default=DEFAULT_RUNS,
+                   help=f"Comma-separated labels: none, sub-k<K>-b<B> (default {DEFAULT_RUNS}).")
+    p.add_argument("--layout", default="2,2", help="tp,pp (dp fills --nproc); default 2,2.")
+    p.add_argument("--nproc", type=int, default=8, help="Processes (default 8: dp 2 at 2,2).")
+    p.add_argument("--eval-iters", type=int, default=4, help="Validation iterations.")
+    p.add_argument("--port", type=int, default=29671, help="torchrun master port.")
+    p.add_argument("--save-baseline", default=None,
+                   help="Save the uncompressed run's final checkpoint here (to export it and "
+                        "measure tools/checkpoint/subspace_hf.py's import error on a trained "
+                        "model).")
+    p.add_argument("--out", default=os.path.join(HERE, "results", "subspace"),
+                   help="Results prefix (.md and .json are written).")
+    a = p.parse_args(argv)
+    tp, pp = (int(x) for x in a.layout.split(","))
+    layout = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
+    common = DEMO + layout + [
+        "--train-iters", str(a.iters), "--lr-warmup-iters", str(min(20, a.iters // 10)),
+        "--log-interval", str(max(1, min(20, a.iters // 10))),
+        "--eval-interval", str(max(1, a.iters // 3)), "--eval-iters", str(a.eval_iters)]
+    results = []
+    for label in a.runs.split(","):
+        save = ["--save", a.save_baseline, "--save-interval", str(a.iters)] \
+            if label == "none" and a.save_baseline else []
+        r = run_pretrain(label, a.nproc, common + run_flags(label) + save, port=a.port)
+        results.append(r)
+        print(f"{label:14s} valid {r.final_valid:.4f}  pp-fwd x{r.ratio.get('pp-fwd', 1):.1f}  "
+              f"pp-bwd x{r.ratio.get('pp-bwd', 1):.1f}  {r.steady_ms:.0f} ms/iter "
+              f"({r.wall_s:.0f} s)", flush=True)
+        write(a, tp, pp, results)   # after every run: a long bench cut short keeps its rows
+    print("\n".join(table(results, _base(results))))
+    return 0
+
+
+def _base(results):
+    return next((r.final_valid for r in results if r.name == "none"), None)
+
+
+def write(a, tp, pp, results) -> None:
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out + ".md", "w") as f:
+        f.write(f"Subspace Networks from scratch, demo shape, {a.iters} iterations, tp {tp} x "
+                f"pp {pp} x {a.nproc} processes, dropout off\n\n"
+                + "\n".join(table(results, _base(results))) + "\n")
+    save_runs(a.out + ".json", a.iters, results, {"layout": a.layout, "nproc": a.nproc})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Subspace Networks (megatron/training/subspace.py): the constrained model and its wire.
+
+- the backward message is exact: one iteration's gradients at pp 2 with k coefficients on the
+  wire (--subspace-bits 0) equal the same constrained model's at pp 1, every parameter, within
+  GRAD_TOL relative (float rounding: x = x0 + U U^T (x - x0) is rebuilt, sums reassociate);
+- layout equivalence: (2,2,2) against (1,1,1), 5 iterations, losses within 1e-5 relative;
+- resume bit-exact with 4-bit coefficients at (1,2,1);
+- the log line's pp-fwd / pp-bwd bytes equal the formula, k b-bit codes per token + k scales;
+- the refusals name the flag and the fix.
+"""
+import os
+
+import pytest
+import torch
+
+from tests.conftest import tiny_gpt_argv
+from tests.distributed import run_distributed
+from tests.training import runner
+
+K = 4
+GRAD_TOL = 1e-5   # max |a - b| / max |b| per parameter; measured ~1e-7
+REL_TOL = 1e-5
+CONSTRAINED = {"subspace-rank": K}
+WIRE = {"forward-compress-method": "subspace", "subspace-rank": K, "subspace-bits": 0}
+
+
+def _grads_after(trainer):
+    """{global name: [main_grad of every copy, numpy]} over the whole job (tp 1; numpy: a
+    tensor's shared memory would not outlive the rank that returns it)."""
+    import torch.distributed as dist
+    from megatron.training.model import global_param_names, unwrap
+    mine = [(g, p.main_grad.detach().cpu().numpy().copy()) for _, g, p in
+            global_param_names(unwrap(trainer.model))]
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    out = {}
+    for part in every:
+        for g, t in part:
+            out.setdefault(g, []).append(t)
+    return out
+
+
+def _pp1_worker(rank, world, corpus, extra):
+    """The constrained model's gradients at pp 1, and the ordinary model's loss."""
+    common = {"train-iters": 1, "clip-grad": 0.0, "global-batch-size": 4, **extra}
+    plain = runner.train(tiny_gpt_argv(corpus, **common), world)
+    return runner._run(tiny_gpt_argv(corpus, **common, **CONSTRAINED), world,
+                       after_train=_grads_after), plain
+
+
+def _pp_worker(rank, world, corpus, extra):
+    argv = tiny_gpt_argv(corpus, **{"pipeline-model-parallel-size": world, "train-iters": 1,
+                                    "clip-grad": 0.0, "global-batch-size": 4, **WIRE, **extra})
+    return runner._run(argv, world, after_train=_grads_after)
+
+
+@pytest.mark.parametrize("pp,extra", [
+    (2, {}),                                                # tied: Megatron's sum carries it
+    (4, {}),                                                # tied, middle stages' copies
+    (2, {"untie-embeddings-and-output-weights": True}),     # untied: the copies' own sum
+])
+def test_backward_message_is_exact(tiny_corpus, pp, extra):
+    (ref_loss, ref), plain = run_distributed(_pp1_worker, 1, (tiny_corpus, extra),
+                                             timeout=300)[0]
+    assert ref_loss[0] != plain[0]
+    # the constraint is on: an output projection's gradient U U^T G has rank <= k
+    import numpy as np
+    for name in ("decoder.layers.0.self_attention.linear_proj.weight",
+                 "decoder.layers.3.mlp.linear_fc2.weight"):
+        sv = np.linalg.svd(ref[name][0].astype(np.float64), compute_uv=False)
+        assert sv[K] < 1e-5 * sv[0], (name, sv[:K + 1])
+    loss, got = run_distributed(_pp_worker, pp, (tiny_corpus, extra), timeout=300)[-1]
+    assert abs(loss[0] - ref_loss[0]) <= REL_TOL * abs(ref_loss[0])
+    assert set(got) == set(ref)
+    worst = 0.0
+    for name, copies in got.items():
+        want = ref[name][0]
+        for g in copies:   # the embedding: stage 0's, the x0 copies, the tied output weight
+            err = abs(g - want).max() / max(abs(want).max(), 1e-30)
+            worst = max(worst, err)
+            assert err <= GRAD_TOL, (name, err)
+    print(f"pp {pp} {extra}: worst relative gradient difference {worst:.2e}")
+
+
+def _layout_worker(rank, world, corpus, layouts):
+    out = {}
+    for tp, pp, extra in layouts:
+        argv = tiny_gpt_argv(corpus, **{"tensor-model-parallel-size": tp,
+                                        "pipeline-model-parallel-size": pp, **extra})
+        out[(tp, pp)] = runner.train(argv, world)
+    return out
+
+
+def test_layout_222_matches_111(tiny_corpus):
+    ref = run_distributed(_layout_worker, 1, (tiny_corpus, [(1, 1, CONSTRAINED)]),
+                          timeout=300)[0][(1, 1)]
+    got = run_distributed(_layout_worker, 8, (tiny_corpus, [(2, 2, WIRE)]),
+                          timeout=600)[-1][(2, 2)]
+    assert len(ref) == len(got) == 5 and ref[-1] < ref[0]
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert abs(a - b) <= REL_TOL * abs(b), (i, a, b)
+
+
+def _resume_worker(rank, world, corpus, ckpt):
+    common = {"pipeline-model-parallel-size": 2, "train-iters": 6,
+              "forward-compress-method": "subspace", "subspace-rank": K}
+    straight = runner.train(tiny_gpt_argv(corpus, **common), world)
+    first = runner.train(tiny_gpt_argv(corpus, **common, save=ckpt, **{"exit-interval": 3}),
+                         world)
+    resumed = runner.train(tiny_gpt_argv(corpus, **common, load=ckpt), world)
+    return straight, first, resumed
+
+
+def test_resume_is_bit_exact(tiny_corpus, tmp_path):
+    straight, first, resumed = run_distributed(
+        _resume_worker, 2, (tiny_corpus, str(tmp_path / "ckpt")), timeout=600)[-1]
+    assert first == straight[:3]
+    assert resumed == straight[3:], (resumed, straight[3:])
+
+
+def _bytes_worker(rank, world, corpus, extra):
+    from megatron.training.arguments import parse_args
+    from megatron.training import subspace
+    argv = tiny_gpt_argv(corpus, **{"tensor-model-parallel-size": 2,
+                                    "pipeline-model-parallel-size": 2, "train-iters": 2,
+                                    "micro-batch-size": 2, **extra})
+    per_message = subspace.expected_bytes_per_message(parse_args(argv, world_size=world))
+    out = {ch: runner.train_with_stats(argv, world, ch)[1] for ch in ("pp-fwd", "pp-bwd")}
+    return per_message, out
+
+
+@pytest.mark.parametrize("bits", [0, 4])
+def test_logged_bytes_match_formula(tiny_corpus, bits):
+    extra = {"forward-compress-method": "subspace", "subspace-rank": K, "subspace-bits": bits}
+    (sent, raw), got = run_distributed(_bytes_worker, 4, (tiny_corpus, extra), timeout=600)[-1]
+    # 2 iterations x M = 8 / (2 x 1) micro-batches x 2 tp ranks, one message each direction
+    messages = 2 * 4 * 2
+    for ch in ("pp-fwd", "pp-bwd"):
+        assert got[ch]["messages"] == messages, (ch, got[ch])
+        assert got[ch]["sent"] == messages * sent, (ch, got[ch], sent)
+        assert got[ch]["raw"] == messages * raw, (ch, got[ch], raw)
+    # S/tp x B = 16 x 2 tokens per message, hidden 32
+    tokens, h = 16 * 2, 32
+    assert raw == tokens * h * 4
+    assert sent == (tokens * K * 4 if bits == 0 else tokens * K * bits // 8 + 2 * K)
+
+
+@pytest.mark.parametrize("flags,match", [
+    ({"forward-compress-method": "subspace", "hidden-dropout": 0.1}, "--hidden-dropout 0"),
+    ({"forward-compress-method": "subspace", "pipeline-model-parallel-size": 1},
+     "--subspace-rank 10 alone"),
+    ({"forward-compress-method": "subspace", "subspace-rank": 64}, "1..--hidden-size"),
+    ({"forward-compress-method": "subspace", "subspace-bits": 9}, "0 .unquantised. or 1..8"),
+    ({"forward-compress-method": "subspace", "inter-grad-comp": True},
+     "brings its own backward partner"),
+    ({"forward-compress-method": "subspace", "backward-compress-method": "fixpoint"},
+     "brings its own backward partner"),
+    ({"subspace-bits": 2}, "--forward-compress-method is none"),
+    ({"forward-compress-method": "subspace", "compress-warmup-iters": 2},
+     "no uncompressed warm-up"),
+    ({"forward-compress-method": "subspace", "tensor-model-parallel-size": 2,
+      "sequence-parallel": True}, "drop --sequence-parallel"),
+    ({"forward-compress-method": "subspace", "num-layers-per-virtual-pipeline-stage": 1},
+     "interleaved"),
+])
+def test_refusals_name_the_flag(tiny_corpus, flags, match):
+    from megatron.training.arguments import parse_args
+    from megatron.training.config_flags import ConfigError
+    flags = {"pipeline-model-parallel-size": 2, "hidden-dropout": 0.0, **flags}
+    with pytest.raises(ConfigError, match=match):
+        parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=4)
+
+
+def _overlap_worker(rank, world, corpus):
+    common = {"pipeline-model-parallel-size": 2, "train-iters": 3,
+              "forward-compress-method": "subspace", "subspace-rank": K}
+    return [runner.train(tiny_gpt_argv(corpus, **common, **extra), world)
+            for extra in ({}, {"overlap-p2p-comm": True})]
+
+
+def test_overlap_p2p_gives_the_same_losses(tiny_corpus):
+    plain, overlapped = run_distributed(_overlap_worker, 2, (tiny_corpus,), timeout=300)[-1]
+    assert len(plain) == 3 and plain == overlapped
+
+
+def test_defaults_meet_100x_both_ways_at_the_demo_shape(tiny_corpus):
+    """make demo's shape (hidden 128, seq 128, micro-batch 4, tp 2 x pp 2 x dp 2)."""
+    from megatron.training import subspace
+    from megatron.training.arguments import parse_args
+    argv = tiny_gpt_argv(tiny_corpus, **{
+        "num-layers": 4, "hidden-size": 128, "seq-length": 128, "micro-batch-size": 4,
+        "global-batch-size": 32, "tensor-model-parallel-size": 2,
+        "pipeline-model-parallel-size": 2, "forward-compress-method": "subspace"})
+    sent, raw = subspace.expected_bytes_per_message(parse_args(argv, world_size=8))
+    assert raw / sent >= 100, (sent, raw)   # one formula for both directions
+
+
+def _whole_worker(rank, world, corpus):
+    return runner.train(tiny_gpt_argv(corpus, **{"pipeline-model-parallel-size": 2,
+                                                 **CONSTRAINED}), world)
+
+
+def test_constrained_model_alone_at_pp2_matches_pp1(tiny_corpus):
+    """--subspace-rank without the coefficient wire: whole activations, the same model."""
+    ref = run_distributed(_layout_worker, 1, (tiny_corpus, [(1, 1, CONSTRAINED)]),
+                          timeout=300)[0][(1, 1)]
+    got = run_distributed(_whole_worker, 2, (tiny_corpus,), timeout=300)[-1]
+    assert len(got) == 5
+    for a, b in zip(got, ref):
+        assert abs(a - b) <= REL_TOL * abs(b), (a, b)
