@@ -16,28 +16,14 @@ import torch
 
 from megatron.cc.p2p import Message
 from megatron.cc.stats import ChannelStats
-from tests.conftest import tiny_gpt_argv
 from tests.fake_cuda.fake_gpu import FakeGroup, real_copy
-from tests.fake_cuda.test_pipeline_channels import B, FLAGS, H, S
+from tests.fake_cuda.test_pipeline_channels import B, FLAGS, H, S, _channels
 
 
 def _interleaved(stage, flags, corpus):
     """build_pipeline_channels as pp rank `stage` of a pp=2 job with 2 model chunks does."""
-    from megatron.training.arguments import parse_args
-    from megatron.training.channels import build_pipeline_channels
-    from megatron.training.topology import Topology
-    argv = tiny_gpt_argv(corpus, **{"num-layers": 4, "seq-length": S, "hidden-size": H,
-                                   "micro-batch-size": B, "global-batch-size": 2,
-                                   "pipeline-model-parallel-size": 2,
-                                   "virtual-pipeline-model-parallel-size": 2,
-                                   "distributed-backend": "gloo", **flags})
-    args = parse_args(argv, world_size=2)
-    topo = Topology(rank=stage, world_size=2, tp_rank=0, tp_size=1, pp_rank=stage, pp_size=2,
-                    is_first=stage == 0, is_last=stage == 1, prev_rank=1 - stage,
-                    next_rank=1 - stage, dp_rank=0, dp_size=1, pp_ranks=(0, 1), dp_ranks=(stage,),
-                    device=torch.device("cuda", torch.cuda.current_device()))
-    config = type("Config", (), {"pipeline_dtype": torch.bfloat16})()
-    return build_pipeline_channels(args, config, ChannelStats(), topo, epoch_samples=8)
+    return _channels(stage, {"num-layers": 4, "virtual-pipeline-model-parallel-size": 2,
+                             **flags}, corpus)
 
 
 # (sender rank, sender chunk) -> (receiver rank, receiver chunk): virtual stage c pp + r
