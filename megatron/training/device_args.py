@@ -72,6 +72,13 @@ def validate_gpu_args(args) -> None:
         if backend == "nccl" and not cuda_available():
             raise ConfigError(f"--{flag}-backend nccl needs {gpus}; use gloo on CPU")
     ddp_owned = g.use_distributed_optimizer
+    if ddp_owned and args.dp > 1 and args.parallel.distributed_backend == "gloo" \
+            and cuda_available():
+        # its parameter all-gather after the step coalesces CUDA tensors, which gloo cannot
+        # (a segfault in megatron-core's start_param_sync, measured on an H200)
+        raise ConfigError("--use-distributed-optimizer with --distributed-backend gloo on GPUs: "
+                          "megatron-core's parameter all-gather needs NCCL there; use "
+                          "--distributed-backend nccl (one rank per GPU) or drop the flag")
     if ddp_owned and c.dp_mode != "allreduce":
         raise ConfigError(f"--dp-mode {c.dp_mode} exchanges its own state between the replicas, "
                           f"which --use-distributed-optimizer's sharded step does not follow; "
