@@ -49,7 +49,7 @@ def _resumed(name, kwargs, sd, device):
     out = []
     for dev in ([device, None] if name in ("delta", "delta-lowbits") else [None]):
         kw = dict(kwargs, sample_shape=(SHAPE[0], SHAPE[2])) if dev is not None else kwargs
-        codec = build(name, kw, dev)
+        codec = build(name, kw, dev, SHAPE[-1])
         codec.load_state_dict(real_copy(sd))
         out.append(codec)
     return out
@@ -68,7 +68,8 @@ RUNS = [(c, "bf16") for c in CASES] + [(c, d) for c in CASES for d in ("fp32", "
 def test_codec_on_gpu_and_resume_onto_gpu(gpu, case, dtype):
     _, name, kwargs = case
     dtype = DTYPES[dtype]
-    enc, dec = build(name, kwargs, gpu.device), build(name, kwargs, gpu.device)
+    enc, dec = build(name, kwargs, gpu.device, SHAPE[-1]), build(name, kwargs, gpu.device,
+                                                              SHAPE[-1])
     _round(gpu, enc, dec, dtype, microbatches=range(2))
     with gpu.lenient():   # saving may wait for the stream (a checkpoint, not the send path)
         enc_sd, dec_sd = enc.state_dict(), dec.state_dict()

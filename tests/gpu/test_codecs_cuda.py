@@ -30,9 +30,11 @@ def _step_bound(name, kwargs, x):
 def test_codec_on_cuda_matches_cpu(case, dtype):
     _, name, kwargs = case
     dev = torch.device("cuda", torch.cuda.current_device())
-    enc, dec = build(name, kwargs, dev), build(name, kwargs, dev)
-    cpu_dec = build(name, kwargs)
-    ref_enc, ref_dec = build(name, kwargs), build(name, kwargs)   # the eager codec on the CPU
+    width = SHAPE[-1]
+    enc, dec = build(name, kwargs, dev, width), build(name, kwargs, dev, width)
+    cpu_dec = build(name, kwargs, width=width)
+    # the eager codec on the CPU
+    ref_enc, ref_dec = build(name, kwargs, width=width), build(name, kwargs, width=width)
     g = torch.Generator().manual_seed(0)
     for mb in range(3):
         x_cpu = torch.randn(SHAPE, generator=g).to(dtype)

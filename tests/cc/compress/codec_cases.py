@@ -1,7 +1,8 @@
 """Every codec configuration the device and host-sync tests run (CPU here, CUDA in tests/gpu).
 
 Each case: (id, codec name, constructor kwargs). Delta codecs need sample ids; the lowrank
-cases cover the factorised path (with LEP) and the full-rank path.
+cases cover the factorised path (with LEP) and the full-rank path. The subspace codec's
+messages are its k coefficients: `build` makes k the test's message width.
 """
 import torch
 
@@ -22,13 +23,18 @@ CASES = [
     ("delta-lowbits4-8", "delta-lowbits", dict(bits=4, bits_act=8, capacity=16)),
     ("tah", "tah", dict(tile_size=16)),
     ("cocktail", "cocktail", dict(bits=4, stochastic=True)),
+    ("subspace4", "subspace", dict(hidden_size=4096, bits=4)),
+    ("subspace-exact", "subspace", dict(hidden_size=4096, bits=0)),
 ]
 IDS = [c[0] for c in CASES]
 
 
-def build(name, kwargs, device=None):
+def build(name, kwargs, device=None, width=None):
+    """`width`: the last dim of the messages (the subspace codec's rank k)."""
     if name in ("delta", "delta-lowbits") and device is not None:
         kwargs = dict(kwargs, device=device)
+    if name == "subspace":
+        kwargs = dict(kwargs, rank=width)
     return get_codec(name, **kwargs)
 
 

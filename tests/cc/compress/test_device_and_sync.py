@@ -18,7 +18,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_codec_round_trip_without_host_sync(case, dtype):
     _, name, kwargs = case
-    enc, dec = build(name, kwargs), build(name, kwargs)
+    enc, dec = build(name, kwargs, width=SHAPE[-1]), build(name, kwargs, width=SHAPE[-1])
     g = torch.Generator().manual_seed(0)
     for mb in range(3):  # stateful codecs: first sight, then warm caches / Q / errors
         x = torch.randn(SHAPE, generator=g).to(dtype)
