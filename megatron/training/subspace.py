@@ -85,7 +85,7 @@ from megatron.core.models.common.embeddings.language_model_embedding import (
     LanguageModelEmbedding)
 from megatron.core.models.gpt import GPTModel
 
-from megatron.cc.pp_methods.subspace import DEFAULT_RANK, Subspace  # noqa: F401 (tools' import)
+from megatron.cc.pp_methods.subspace import Subspace
 from megatron.training.config_flags import ConfigError
 
 

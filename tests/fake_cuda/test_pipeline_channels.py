@@ -67,6 +67,16 @@ def _exchange(gpu, first, last, iteration=0):
         assert t.device == gpu.device and t.dtype == torch.bfloat16 and t.shape == shape
 
 
+def assert_staging_syncs_only(gpu, start, backend):
+    """gloo: the staging's one wait per batch with a send, nothing else; NCCL: none."""
+    syncs = gpu.syncs(since=start)
+    if backend == "gloo":
+        assert syncs and all(e.kind == "sync" and "megatron/cc/transport.py" in e.where
+                             for e in syncs)
+    else:
+        assert syncs == []
+
+
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
 @pytest.mark.parametrize("codecs", list(FLAGS))
 def test_pipeline_send_path(fake_gpu, tiny_corpus, codecs, backend):
@@ -75,12 +85,7 @@ def test_pipeline_send_path(fake_gpu, tiny_corpus, codecs, backend):
         last = _channels(1, FLAGS[codecs], tiny_corpus)
         start = len(gpu.events)
         _exchange(gpu, first, last)
-        syncs = gpu.syncs(since=start)
-        if backend == "gloo":   # the staging's one wait per batch with a send, nothing else
-            assert syncs and all(e.kind == "sync" and "megatron/cc/transport.py" in e.where
-                                 for e in syncs)
-        else:
-            assert syncs == []
+        assert_staging_syncs_only(gpu, start, backend)
         p2p = {c for c, be, devs in gpu.dist.log[-8:]}
         assert p2p <= {"batch_isend_irecv(isend)", "batch_isend_irecv(irecv)"}
         with gpu.lenient():

@@ -17,7 +17,8 @@ import torch
 from megatron.cc.p2p import Message
 from megatron.cc.stats import ChannelStats
 from tests.fake_cuda.fake_gpu import FakeGroup, real_copy
-from tests.fake_cuda.test_pipeline_channels import B, FLAGS, H, S, _channels
+from tests.fake_cuda.test_pipeline_channels import (B, FLAGS, H, S, _channels,
+                                                    assert_staging_syncs_only)
 
 
 def _interleaved(stage, flags, corpus):
@@ -50,12 +51,7 @@ def test_interleaved_chunk_links(fake_gpu, tiny_corpus, codecs, backend):
         ranks = [_interleaved(r, FLAGS[codecs], tiny_corpus) for r in (0, 1)]
         start = len(gpu.events)
         _exchange_chunks(gpu, ranks)
-        syncs = gpu.syncs(since=start)
-        if backend == "gloo":   # the staging's one wait per batch with a send, nothing else
-            assert syncs and all(e.kind == "sync" and "megatron/cc/transport.py" in e.where
-                                 for e in syncs)
-        else:
-            assert syncs == []
+        assert_staging_syncs_only(gpu, start, backend)
         with gpu.lenient():
             states = [real_copy(r.state_dict()) for r in ranks]
         again = [_interleaved(r, FLAGS[codecs], tiny_corpus) for r in (0, 1)]

@@ -28,6 +28,17 @@ def test_bad_gpu_flags_are_refused(flags, message):
         parse_args(flags, world_size=4)
 
 
+def test_distributed_optimizer_on_gloo_refused_on_gpus(monkeypatch):
+    """megatron-core's parameter all-gather coalesces CUDA tensors, which gloo cannot (an
+    H200 segfault): refused at dp > 1 on GPUs; dp 1 and the CPU keep it."""
+    flags = ["--use-distributed-optimizer", "--distributed-backend", "gloo"]
+    parse_args(flags, world_size=2)   # CPU
+    monkeypatch.setattr("megatron.training.topology.cuda_available", lambda: True)
+    parse_args(flags, world_size=1)
+    with pytest.raises(ConfigError, match=r"\-\-distributed\-backend gloo on GPUs"):
+        parse_args(flags, world_size=2)
+
+
 def test_gpu_flags_parse_with_megatron_spelling():
     a = parse_args(["--transformer-impl", "sdpa", "--dp-backend", "gloo", "--pp_backend",
                     "gloo"], world_size=2)

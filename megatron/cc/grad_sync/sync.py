@@ -119,6 +119,7 @@ class ExactDataParallelSync(SyncChannel):
 
     def __call__(self, model, iteration: int) -> None:
         weight = shared_embedding_weight(model) if self.exclude_embedding else None
+        gathered = 0   # megatron DDP's own sync counts its parameter all-gather in n
         if weight is None and not self.use_group and not coalescing_refused(model, self.group):
             model.finish_grad_sync()  # megatron DDP: start + wait for every bucket's all-reduce
             n = sum(b.grad_data.numel() * b.grad_data.element_size() for b in model.buffers)
@@ -126,15 +127,13 @@ class ExactDataParallelSync(SyncChannel):
             check_ddp_supported(model, why="gloo cannot coalesce CUDA all-reduces")
             allreduce_buckets(model, self.group)
             n = sum(b.grad_data.numel() * b.grad_data.element_size() for b in model.buffers)
+            gathered = param_gather_bytes(model)
         else:
             check_ddp_supported(model)
             n = allreduce_buckets(model, self.group, exclude=() if weight is None else (weight,))
             gathered = param_gather_bytes(model)
-            if self.world > 1:
-                self.stats.add("dp", n + gathered, n)
-            return
         if self.world > 1:
-            self.stats.add("dp", n, n)
+            self.stats.add("dp", n + gathered, n)
 
 
 class EmbeddingSync(SyncChannel):
