@@ -66,6 +66,11 @@ CONFIGS: Dict[str, tuple] = {
     "cb16-bwd": ("pp", CB),
     "cb16+lep-bwd": ("pp", CB + LEP),
     "all-pipeline": ("pp", FP4 + CB + LEP),
+    # Subspace Networks at their defaults (rank 10, 4-bit coefficients) both ways
+    "subspace": ("pp", ["--forward-compress-method", "subspace"]),
+    # --compression auto: the run probes its link and picks codecs and overlap itself (one run
+    # per rate, in the sync column: the overlap flags are its own choice)
+    "auto": ("pp", ["--compression", "auto"]),
     "uncompressed-dp": ("dp", []),
     "sc16": ("dp", SC),
     # SparseLoCo at its codec defaults with the paper's H = 15: dp bytes every 15th step only
@@ -134,8 +139,9 @@ def parse_configs(text: str) -> List[str]:
 
 _ITER = re.compile(r" iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): "
                    r"([\d.]+).*?lm loss: ([\d.E+-]+|nan)")
-_BYTES = re.compile(r"([a-z-]+) bytes: ([\d.]+)(B|KB|MB|GB) \(x([\d.inf]+)\)")
-_WAIT = re.compile(r"([a-z-]+) wait ms: ([\d.]+)")
+# "<channel> bytes" and "<channel> inter-node bytes" (what left the node: the link here)
+_BYTES = re.compile(r"([a-z-]+(?: inter-node)?) bytes: ([\d.]+)(B|KB|MB|GB)(?: \(x([\d.inf]+)\))?")
+_WAIT = re.compile(r"([a-z-]+(?: inter-node)?) wait ms: ([\d.]+)")
 _UNIT = {"B": 1, "KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3}
 
 
@@ -178,7 +184,10 @@ def summarise(lines: List[dict], counters: Dict[int, dict], skip: int, crossing)
         raise ValueError(f"need log lines for iterations {skip}..{skip + 2} at least (got "
                          f"{[l['iteration'] for l in lines]}); raise --iters")
     n = end - skip
-    logged = sum(l["bytes"].get(c, 0.0) for l in measured for c in crossing) / n
+    # the log's inter-node count where it has one (each side is a node), else the channels
+    # the placement sends across
+    inter = {c for l in measured for c in l["bytes"] if c.endswith(" inter-node")}
+    logged = sum(l["bytes"].get(c, 0.0) for l in measured for c in (inter or crossing)) / n
     wait = {}
     for l in measured:
         for c, v in l["wait_ms"].items():
@@ -300,15 +309,22 @@ def side_of(rank: int, placement: str, dp: int, tp: int = 1) -> int:
     return {"pp": stage, "dp": replica, "both": (stage + replica) % 2, "pp-tp2": stage}[placement]
 
 
-def run_one(link: SlowLink, name: str, rate: str, overlap: bool, iters: int, skip: int,
-            microbatches: int, timeout: float, port: int, log_dir: str) -> dict:
+def run_argv(name: str, overlap: bool, iters: int, microbatches: int) -> List[str]:
+    """pretrain_gpt.py's flags for one configuration (also what the cost model is given)."""
     placement, flags = CONFIGS[name]
     pp, dp, tp = PLACEMENT[placement]
-    world = pp * dp * tp
-    argv = MODEL + ["--pipeline-model-parallel-size", str(pp), "--train-iters", str(iters),
+    return MODEL + ["--pipeline-model-parallel-size", str(pp), "--train-iters", str(iters),
                     "--tensor-model-parallel-size", str(tp),
                     "--global-batch-size", str(4 * microbatches * dp)] + flags \
         + (OVERLAP_FLAGS if overlap else [])
+
+
+def run_one(link: SlowLink, name: str, rate: str, overlap: bool, iters: int, skip: int,
+            microbatches: int, timeout: float, port: int, log_dir: str) -> dict:
+    placement = CONFIGS[name][0]
+    pp, dp, tp = PLACEMENT[placement]
+    world = pp * dp * tp
+    argv = run_argv(name, overlap, iters, microbatches)
     procs = []
     log_path = os.path.join(log_dir, f"{name}-{rate}-{'ovl' if overlap else 'sync'}.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
@@ -322,7 +338,9 @@ def run_one(link: SlowLink, name: str, rate: str, overlap: bool, iters: int, ski
                 env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
                            GROUP_RANK=str(side),
                            MASTER_ADDR=link.ip[0], MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                           GLOO_SOCKET_IFNAME=link.dev[side], PYTHONPATH=ROOT,
+                           GLOO_SOCKET_IFNAME=link.dev[side],
+                           PYTHONPATH=os.pathsep.join(
+                               [ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
                            PYTHONWARNINGS="ignore")
                 cmd = ["ip", "netns", "exec", link.ns[side], sys.executable,
                        os.path.join(ROOT, "pretrain_gpt.py")] + argv
@@ -350,7 +368,12 @@ def run_one(link: SlowLink, name: str, rate: str, overlap: bool, iters: int, ski
         raise RuntimeError(f"{name} at {rate} failed (exit codes {codes}); see {log_path}")
     rec = summarise(lines, counters, skip, CROSSING[placement])
     rec.update(config=name, rate=rate, overlap=overlap, placement=placement, world=world,
+               microbatches=microbatches,
                wall_s=time.time() - t0, losses=[l["loss"] for l in lines])
+    with open(log_path) as f:   # what --compression auto measured, chose and applied
+        auto = re.findall(r"compression auto: ((?:measured|chose|flags).*)", f.read())
+    if auto:
+        rec["auto"] = auto
     return rec
 
 
@@ -544,6 +567,8 @@ def main(argv=None) -> int:
             link.set_rate(rate)
             for name in names:
                 for ovl in overlaps:
+                    if ovl and "auto" in CONFIGS[name][1]:
+                        continue   # auto refuses hand-given overlap flags: it chooses them
                     try:
                         port += 1   # a fresh port per run: no TIME_WAIT clash with the last
                         rec = run_one(link, name, rate, ovl, a.iters, a.skip, a.microbatches,
@@ -558,6 +583,8 @@ def main(argv=None) -> int:
                           f"{rec['ms_per_iter']:.0f} ms/iter, wire {rec['wire_bytes'] / 1e6:.3f} "
                           f"MB vs logged {rec['logged_bytes'] / 1e6:.3f} MB, loss "
                           f"{rec['final_loss']:.4f}, wait {rec['wait_ms']}", flush=True)
+                    for line in rec.get("auto", []):
+                        print(f"{'':>27}auto: {line}", flush=True)
     print(report(records, a.out))
     return 0
 

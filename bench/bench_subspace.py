@@ -81,13 +81,16 @@ def main(argv=None) -> int:
                         "model).")
     p.add_argument("--out", default=os.path.join(HERE, "results", "subspace"),
                    help="Results prefix (.md and .json are written).")
+    p.add_argument("--extra", default="",
+                   help="Flags appended to every run, e.g. \"--seed 4321\" (a second seed).")
     a = p.parse_args(argv)
     tp, pp = (int(x) for x in a.layout.split(","))
     layout = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
     common = DEMO + layout + [
         "--train-iters", str(a.iters), "--lr-warmup-iters", str(min(20, a.iters // 10)),
         "--log-interval", str(max(1, min(20, a.iters // 10))),
-        "--eval-interval", str(max(1, a.iters // 3)), "--eval-iters", str(a.eval_iters)]
+        "--eval-interval", str(max(1, a.iters // 3)), "--eval-iters", str(a.eval_iters)] \
+        + a.extra.split()
     results = []
     for label in a.runs.split(","):
         save = ["--save", a.save_baseline, "--save-interval", str(a.iters)] \

@@ -261,16 +261,19 @@ def global_name(name: str) -> str:
 
 # --------------------------------------------------------------------------- gradient sync
 
-def embedding_tables(model, pp: int):
+def embedding_tables(model, pp: int, dp_group=None):
     """This stage's replicated tables (word, positions) for ReplicaEmbeddingSync."""
-    from megatron.cc.grad_sync.replica_embedding import ReplicaTable
+    from megatron.cc.grad_sync.replica_embedding import LookedUpRows, ReplicaTable
     if not getattr(model, "sends_coefficients", False):
         return []
     embed = model.embedding if model.pre_process else model.x0_embedding
     tied = model.share_embeddings_and_output_weights
     fold = model.output_layer.weight if tied and model.post_process else None
-    # tied at pp 2: the emb channel's first + last sum is already the whole word gradient
-    tables = [ReplicaTable(embed.word_embeddings.weight, fold, allreduce=not (tied and pp == 2))]
+    # tied: the output layer's gradient is dense (every stage must agree: tied is global);
+    # at pp 2 the emb channel's first + last sum is already the whole word gradient
+    rows = None if tied else LookedUpRows(embed.word_embeddings, dp_group)
+    tables = [ReplicaTable(embed.word_embeddings.weight, fold, allreduce=not (tied and pp == 2),
+                           rows=rows)]
     if getattr(embed, "add_position_embedding", False):
         tables.append(ReplicaTable(embed.position_embeddings.weight))
     return tables
@@ -283,7 +286,7 @@ def wrap_emb_channel(args, emb, model, topo, stats):
     from megatron.cc.grad_sync.replica_embedding import ReplicaEmbeddingSync
     from megatron.cc.grad_sync.sync import unwrap
     return ReplicaEmbeddingSync(emb, topo.pp_group, stats,
-                                embedding_tables(unwrap(model), args.pp))
+                                embedding_tables(unwrap(model), args.pp, topo.dp_group))
 
 
 def expected_bytes_per_message(args) -> Tuple[int, int]:

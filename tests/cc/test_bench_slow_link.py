@@ -44,6 +44,23 @@ def test_the_line_format_is_the_one_stats_prints():
     assert rec["wait_ms"] == {"pp-bwd": 250.0}
 
 
+def test_inter_node_counts_are_what_crossed_the_link():
+    """Each side of the link is a node: the log's `<channel> inter-node bytes` are what
+    crossed it, whichever channels they are (the subspace model's emb sync, say)."""
+    line = LINE.replace(" |", " | emb bytes: 4.000MB (x2.0) | pp-fwd inter-node bytes: "
+                        "1.004MB | emb inter-node bytes: 4.000MB | emb inter-node wait ms: 7.0 |",
+                        1)
+    rec = bsl.parse_line(line)
+    assert rec["bytes"]["emb inter-node"] == 4 * 1024 ** 2
+    assert rec["bytes"]["pp-fwd inter-node"] == rec["bytes"]["pp-fwd"] == 1.004 * 1024 ** 2
+    assert rec["wait_ms"]["emb inter-node"] == 7.0 and rec["wait_ms"]["pp-fwd"] == 300.7
+    lines = [dict(rec, iteration=i) for i in (1, 2, 3)]
+    counters = {i: {"tx_bytes": 0, "tx_packets": 0, "rx_bytes": 0, "rx_packets": 0}
+                for i in (1, 2, 3)}
+    r = bsl.summarise(lines, counters, skip=1, crossing=("pp-fwd", "pp-bwd"))
+    assert r["logged_bytes"] == (1.004 + 4) * 1024 ** 2   # pp-bwd stayed on one side here
+
+
 def test_net_dev_and_wire_payload():
     c = bsl.parse_net_dev(NET_DEV, "mcc1x")
     assert c == {"rx_bytes": 1000200, "rx_packets": 300, "tx_bytes": 5000660, "tx_packets": 700}

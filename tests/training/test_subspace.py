@@ -41,27 +41,31 @@ def _grads_after(trainer):
 
 
 def _pp1_worker(rank, world, corpus, extra):
-    """The constrained model's gradients at pp 1, and the ordinary model's loss."""
+    """The constrained model's gradients at pp 1 (dp = world), and the ordinary model's loss."""
     common = {"train-iters": 1, "clip-grad": 0.0, "global-batch-size": 4, **extra}
     plain = runner.train(tiny_gpt_argv(corpus, **common), world)
     return runner._run(tiny_gpt_argv(corpus, **common, **CONSTRAINED), world,
                        after_train=_grads_after), plain
 
 
-def _pp_worker(rank, world, corpus, extra):
-    argv = tiny_gpt_argv(corpus, **{"pipeline-model-parallel-size": world, "train-iters": 1,
+def _pp_worker(rank, world, corpus, extra, pp):
+    argv = tiny_gpt_argv(corpus, **{"pipeline-model-parallel-size": pp, "train-iters": 1,
                                     "clip-grad": 0.0, "global-batch-size": 4, **WIRE, **extra})
     return runner._run(argv, world, after_train=_grads_after)
 
 
-@pytest.mark.parametrize("pp,extra", [
-    (2, {}),                                                # tied: Megatron's sum carries it
-    (4, {}),                                                # tied, middle stages' copies
-    (2, {"untie-embeddings-and-output-weights": True}),     # untied: the copies' own sum
+UNTIED = {"untie-embeddings-and-output-weights": True}
+
+
+@pytest.mark.parametrize("pp,dp,extra", [
+    (2, 1, {}),            # tied: Megatron's sum carries it
+    (4, 1, {}),            # tied, middle stages' copies
+    (2, 1, UNTIED),        # untied: the copies' own sum, of the looked-up rows only
+    (2, 2, UNTIED),        # ... the rows of both replicas' tokens
 ])
-def test_backward_message_is_exact(tiny_corpus, pp, extra):
-    (ref_loss, ref), plain = run_distributed(_pp1_worker, 1, (tiny_corpus, extra),
-                                             timeout=300)[0]
+def test_backward_message_is_exact(tiny_corpus, pp, dp, extra):
+    (ref_loss, ref), plain = run_distributed(_pp1_worker, dp, (tiny_corpus, extra),
+                                             timeout=300)[-1]
     assert ref_loss[0] != plain[0]
     # the constraint is on: an output projection's gradient U U^T G has rank <= k
     import numpy as np
@@ -69,7 +73,8 @@ def test_backward_message_is_exact(tiny_corpus, pp, extra):
                  "decoder.layers.3.mlp.linear_fc2.weight"):
         sv = np.linalg.svd(ref[name][0].astype(np.float64), compute_uv=False)
         assert sv[K] < 1e-5 * sv[0], (name, sv[:K + 1])
-    loss, got = run_distributed(_pp_worker, pp, (tiny_corpus, extra), timeout=300)[-1]
+    loss, got = run_distributed(_pp_worker, pp * dp, (tiny_corpus, extra, pp),
+                                timeout=300)[-1]
     assert abs(loss[0] - ref_loss[0]) <= REL_TOL * abs(ref_loss[0])
     assert set(got) == set(ref)
     worst = 0.0
@@ -79,7 +84,7 @@ def test_backward_message_is_exact(tiny_corpus, pp, extra):
             err = abs(g - want).max() / max(abs(want).max(), 1e-30)
             worst = max(worst, err)
             assert err <= GRAD_TOL, (name, err)
-    print(f"pp {pp} {extra}: worst relative gradient difference {worst:.2e}")
+    print(f"pp {pp} dp {dp} {extra}: worst relative gradient difference {worst:.2e}")
 
 
 def _layout_worker(rank, world, corpus, layouts):
@@ -143,6 +148,25 @@ def test_logged_bytes_match_formula(tiny_corpus, bits):
     tokens, h = 16 * 2, 32
     assert raw == tokens * h * 4
     assert sent == (tokens * K * 4 if bits == 0 else tokens * K * bits // 8 + 2 * K)
+
+
+def _emb_worker(rank, world, corpus):
+    from megatron.training.arguments import parse_args
+    argv = tiny_gpt_argv(corpus, **{"pipeline-model-parallel-size": 2, "train-iters": 1,
+                                    "global-batch-size": 4, **WIRE, **UNTIED})
+    a = parse_args(argv, world_size=world)
+    return (a.model.hidden_size, a.model.max_position_embeddings, a.model.seq_length,
+            runner.train_with_stats(argv, world, "emb")[1])
+
+
+def test_untied_word_table_sums_only_looked_up_rows(tiny_corpus):
+    h, positions, seq, emb = run_distributed(_emb_worker, 2, (tiny_corpus,), timeout=300)[-1]
+    row, pos = h * 4, positions * h * 4          # fp32 bytes of a row, of the position table
+    vocab_rows = (emb["raw"] // 2 - pos) // row  # raw: both stages, the whole tables
+    assert emb["raw"] == 2 * (vocab_rows * row + pos)
+    rows, rest = divmod(emb["sent"] // 2 - pos, row)
+    assert rest == 0 and emb["sent"] % 2 == 0
+    assert 0 < rows <= min(4 * seq, vocab_rows - 1), (rows, vocab_rows)
 
 
 @pytest.mark.parametrize("flags,match", [
