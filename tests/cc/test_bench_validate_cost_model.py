@@ -13,7 +13,7 @@ VOCAB = 8000
 
 def _args(**kw):
     a = argparse.Namespace(veth_gbps=10.0, latency_us=100.0, virtual_pipeline=None,
-                           vocab_size=VOCAB, tolerance=15.0)
+                           stat="ms_per_iter", vocab_size=VOCAB, tolerance=15.0)
     vars(a).update(kw)
     return a
 
