@@ -101,7 +101,7 @@ def _transfer(cluster: Cluster, level: str, nbytes: float, flows: int) -> float:
 
 def _pp_level(cluster, layout):
     """(slowest level of any stage boundary, flows crossing a datacentre at it)."""
-    place = placement(layout.tp, layout.dp, layout.pp)
+    place = placement(layout.tp, layout.dp, layout.pp, layout.rank_order)
     worst, flows = "intra_node", 1
     wrap = layout.virtual_stages > 1   # interleaved: the last stage also sends to stage 0
     for s in range(layout.pp - 1 + wrap):
@@ -137,7 +137,7 @@ def dp_seconds(m, layout, c, cluster, step_compute: float, t_b: float,
     starts its all-reduce s x stage_lead before stage 0 (the 1F1B cool-down, module doc)."""
     if layout.dp < 2:
         return 0.0
-    place = placement(layout.tp, layout.dp, layout.pp)
+    place = placement(layout.tp, layout.dp, layout.pp, layout.rank_order)
     worst = 0.0
     D = layout.dp
     for s in range(layout.pp):
@@ -179,7 +179,7 @@ def _exposed_dp(c, t: float, step: float, t_b: float, period: float, overlap: bo
 def emb_seconds(m, layout, c, cluster, totals) -> float:
     if "emb" not in totals:
         return 0.0
-    place = placement(layout.tp, layout.dp, layout.pp)
+    place = placement(layout.tp, layout.dp, layout.pp, layout.rank_order)
     fused = c.fused_embedding(layout.pp)
     reps = range(layout.dp) if fused else [0]
     ranks = [place(0, d, s) for d in reps for s in (0, layout.pp - 1)]
@@ -206,7 +206,7 @@ def tp_seconds(m, layout, c, cluster) -> float:
     tp = layout.tp
     if tp < 2:
         return 0.0
-    place = placement(tp, layout.dp, layout.pp)
+    place = placement(tp, layout.dp, layout.pp, layout.rank_order)
     level = cluster.group_level([place(t, 0, 0) for t in range(tp)])
     n, h = m.seq_length * layout.micro_batch_size, m.hidden_size
     import torch
