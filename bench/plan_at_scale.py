@@ -8,8 +8,9 @@
     utilisation (compute / step time), at --bf16 and, separately, in fp32 (where the
     parameter-syncing dp modes, DiLoCo and CocktailSGD, are allowed).
 
-    python bench/plan_at_scale.py              # both tables, ~6 min on one CPU core
+    python bench/plan_at_scale.py              # both tables, ~10 min on one CPU core
     python bench/plan_at_scale.py --only b     # the Optimus-CC table, seconds
+    python bench/plan_at_scale.py --replot     # the report again from the saved .json
 
 Writes bench/results/plan_at_scale.md and .json, and the cluster YAMLs it used under
 bench/clusters/ (tools/plan_compression.py plan --cluster reads them). Every assumption
@@ -203,23 +204,32 @@ def wan_rows(runs=None, datacentres=DATACENTRES, wan_gbps=WAN_GBPS) -> List[Dict
 
 
 def chosen(by: Dict) -> Dict:
-    """The faster precision's best candidate, with the precision."""
-    return dict(by[by["chosen"]]["best"], precision=by["chosen"])
+    """The faster precision's best candidate, with the precision and its utilisation counted
+    at bf16's rate (fp32's compute takes twice as long: comparable across precisions)."""
+    b, p = by[by["chosen"]]["best"], by["chosen"]
+    return dict(b, precision=p,
+                util_bf16=b["utilisation"] * H100_TFLOPS[p] / H100_TFLOPS["bf16"])
+
+
+def util(b: Dict) -> str:
+    u = f"{100 * b['utilisation']:.1f}%"
+    return u if b["precision"] == "bf16" else f"{u} ({100 * b['util_bf16']:.1f}%)"
 
 
 def wan_table(rows: List[Dict]) -> List[str]:
     out = ["| model | DCs | WAN Gbit/s | planner's choice: precision, tp/pp/dp, scheme | step s "
-           "| utilisation | WAN carries | uncompressed (bf16): step s, utilisation | what-if, "
-           "whole replicas per DC: precision, tp/pp/dp, scheme | step s | utilisation |",
+           "| utilisation (at bf16's rate) | WAN carries | uncompressed (bf16): step s, "
+           "utilisation | what-if, whole replicas per DC: precision, tp/pp/dp, scheme | step s "
+           "| utilisation (at bf16's rate) |",
            "|---|---:|---:|---|---:|---:|---|---|---|---:|---:|"]
     for r in rows:
         a, w = chosen(r["driver"]), chosen(r["replicas_per_dc"])
         ex = r["driver"]["bf16"]["uncompressed"]
         cell = lambda b: f"{b['precision']}, {b['tp']}/{b['pp']}/{b['dp']}, {b['scheme']}"  # noqa
         out.append(f"| {r['model']} | {r['datacentres']} | {r['wan_gbps']:g} | {cell(a)} | "
-                   f"{a['step_s']:.2f} | {100 * a['utilisation']:.1f}% | {a['wan']} | "
+                   f"{a['step_s']:.2f} | {util(a)} | {a['wan']} | "
                    f"{ex['step_s']:.2f}, {100 * ex['utilisation']:.1f}% | {cell(w)} | "
-                   f"{w['step_s']:.2f} | {100 * w['utilisation']:.1f}% |")
+                   f"{w['step_s']:.2f} | {util(w)} |")
     return out
 
 
@@ -291,11 +301,18 @@ def main(argv=None) -> int:
                    help="Only the Optimus-CC table (b) or the datacentre table (c).")
     p.add_argument("--out", default=RESULTS, help="Folder of plan_at_scale.md and .json.")
     p.add_argument("--clusters", default=CLUSTERS, help="Folder for the cluster YAMLs used.")
+    p.add_argument("--replot", action="store_true",
+                   help="Rewrite plan_at_scale.md from the .json in --out, without planning.")
     ns = p.parse_args(argv)
-    write_clusters(ns.clusters)
-    b_rows = optimus_rows() if ns.only in (None, "b") else []
-    c_rows = wan_rows() if ns.only in (None, "c") else []
     os.makedirs(ns.out, exist_ok=True)
+    if ns.replot:
+        with open(os.path.join(ns.out, "plan_at_scale.json")) as f:
+            saved = json.load(f)
+        b_rows, c_rows = saved["optimus_cc"], saved["datacentres"]
+    else:
+        write_clusters(ns.clusters)
+        b_rows = optimus_rows() if ns.only in (None, "b") else []
+        c_rows = wan_rows() if ns.only in (None, "c") else []
     text = report(b_rows, c_rows)
     with open(os.path.join(ns.out, "plan_at_scale.md"), "w") as f:
         f.write(text)
