@@ -179,7 +179,8 @@ def _best(shape, raw_cluster: Dict, mb: int, gbs: int, dtype, order: str = "tp-d
         return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "M": lay.num_microbatches,
                 "scheme": c.name + (" (overlap)" if c.overlap else ""), "step_s": c.time.total,
                 "compute_s": c.time.compute, "utilisation": c.time.utilisation,
-                "gap_pct": c.gap_pct, "wan": wan_channels(cluster, lay), "flags": c.flags()}
+                "gap_pct": c.gap_pct, "wan": wan_channels(cluster, lay),
+                "rank_order": lay.rank_order, "flags": c.flags()}   # flags: tp-dp-pp only
     return {"best": row(best), "uncompressed": row(exact), "candidates": len(cands)}
 
 
