@@ -18,7 +18,8 @@ YAML (tools/plan_compression.py --cluster):
                              # Adam states (18 bytes per parameter) do not fit one GPU
 
 Ranks are placed as megatron-core places them (tensor-parallel fastest, then data-parallel,
-then pipeline: rank = t + tp (d + dp p)) on nodes filled in order. A pair of ranks talks over
+then pipeline: rank = t + tp (d + dp p); Layout.rank_order tp-pp-dp, a what-if the driver
+does not launch, swaps the last two) on nodes filled in order. A pair of ranks talks over
 the slowest level they span. `inter_node` is needed when a datacentre has several nodes and
 `inter_datacentre` when there are several datacentres; every error names the key and the fix.
 """
@@ -211,8 +212,16 @@ def load_cluster(path: str) -> Cluster:
         raise ClusterConfigError(f"{path}: {e}") from None
 
 
-def placement(tp: int, dp: int, pp: int):
-    """Global rank of (tensor rank t, data-parallel rank d, pipeline stage p): megatron-core's
-    default order, tensor-parallel fastest."""
+RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp")
+
+
+def placement(tp: int, dp: int, pp: int, order: str = "tp-dp-pp"):
+    """Global rank of (tensor rank t, data-parallel rank d, pipeline stage p), fastest first:
+    tp-dp-pp is megatron-core's default (the driver's); tp-pp-dp keeps each replica's
+    pipeline on consecutive nodes, so datacentres split between replicas (a what-if)."""
+    if order == "tp-pp-dp":
+        return lambda t, d, p: t + tp * (p + pp * d)
+    if order != "tp-dp-pp":
+        raise ValueError(f"rank order {order!r}: use one of {', '.join(RANK_ORDERS)}")
     return lambda t, d, p: t + tp * (d + dp * p)
 

@@ -96,11 +96,17 @@ class Layout:
     sequence_parallel: bool = False
     """--sequence-parallel at tp > 1: pipeline messages are each tp rank's sequence shard, and
     the tp channel's sums become all-gathers and reduce-scatters (channel_bytes.tp_bytes)."""
+    rank_order: str = "tp-dp-pp"
+    """Where ranks sit (links.placement): the driver launches megatron-core's tp-dp-pp only;
+    tp-pp-dp (whole replicas on consecutive nodes) is a what-if for the step time."""
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp", "micro_batch_size", "num_microbatches", "train_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Layout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.rank_order not in ("tp-dp-pp", "tp-pp-dp"):
+            raise ValueError(f"Layout.rank_order must be tp-dp-pp or tp-pp-dp, got "
+                             f"{self.rank_order!r}")
         if self.virtual_stages < 1 or self.virtual_stages > 1 and self.pp < 2:
             raise ValueError(f"Layout.virtual_stages must be >= 1 and needs pp >= 2 when > 1, "
                              f"got {self.virtual_stages} at pp {self.pp}")

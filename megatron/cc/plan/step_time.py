@@ -21,7 +21,10 @@ inter-datacentre bandwidth is shared by every flow crossing it at once:
     dp     a ring all-reduce of the x bytes a rank counts: 2 (D-1)/D x / bw + 2 (D-1) latency
            (+ codec time); exposed in full after backward, or past the last micro-batch's
            backward with --overlap-grad-reduce, or past the whole step when it runs in the
-           background (CocktailSGD's default); DiLoCo-style modes once per H/F steps.
+           background (CocktailSGD's default); DiLoCo-style modes once per H/F steps. In the
+           1F1B cool-down stage s ends its last backward s t_b / vp before stage 0, so its
+           all-reduce starts that much earlier: the step waits for max_s(dp_s - s t_b / vp)
+           (why selective compression leaves the last stages exact).
     emb    an all-reduce over the first and last stage (every replica's with --emb-comm-opt),
            exposed in full.
     tp     the tensor-parallel sums of every micro-batch (channel_bytes.tp_bytes), ring
@@ -98,7 +101,7 @@ def _transfer(cluster: Cluster, level: str, nbytes: float, flows: int) -> float:
 
 def _pp_level(cluster, layout):
     """(slowest level of any stage boundary, flows crossing a datacentre at it)."""
-    place = placement(layout.tp, layout.dp, layout.pp)
+    place = placement(layout.tp, layout.dp, layout.pp, layout.rank_order)
     worst, flows = "intra_node", 1
     wrap = layout.virtual_stages > 1   # interleaved: the last stage also sends to stage 0
     for s in range(layout.pp - 1 + wrap):
@@ -129,11 +132,12 @@ def pp_message_seconds(m, layout, c, cluster, totals) -> float:
 
 
 def dp_seconds(m, layout, c, cluster, step_compute: float, t_b: float,
-               overlap: bool = False) -> float:
-    """Exposed dp time of the slowest stage (every stage's dp groups run at once)."""
+               overlap: bool = False, stage_lead: float = 0.0) -> float:
+    """Exposed dp time of the slowest stage (every stage's dp groups run at once); stage s
+    starts its all-reduce s x stage_lead before stage 0 (the 1F1B cool-down, module doc)."""
     if layout.dp < 2:
         return 0.0
-    place = placement(layout.tp, layout.dp, layout.pp)
+    place = placement(layout.tp, layout.dp, layout.pp, layout.rank_order)
     worst = 0.0
     D = layout.dp
     for s in range(layout.pp):
@@ -149,7 +153,8 @@ def dp_seconds(m, layout, c, cluster, step_compute: float, t_b: float,
         codec = c.dp_plugin.profile(c)
         if codec != "none" and one["sent"] < one["raw"]:
             t += codec_seconds(cluster, codec, one["raw"] * per_sync)
-        worst = max(worst, _exposed_dp(c, t, step_compute, t_b, per_sync, overlap))
+        worst = max(worst, _exposed_dp(c, t, step_compute, t_b, per_sync, overlap,
+                                       s * stage_lead))
     return worst
 
 
@@ -158,7 +163,8 @@ def _bw(cluster, level, flows):
     return link.bytes_per_s / (flows if level == "inter_datacentre" else 1)
 
 
-def _exposed_dp(c, t: float, step: float, t_b: float, period: float, overlap: bool) -> float:
+def _exposed_dp(c, t: float, step: float, t_b: float, period: float, overlap: bool,
+                lead: float = 0.0) -> float:
     mode = c.dp_mode
     if mode == "cocktail_sgd" and not c.cocktail_no_overlap:
         return max(0.0, t - step)
@@ -166,14 +172,14 @@ def _exposed_dp(c, t: float, step: float, t_b: float, period: float, overlap: bo
         hidden = c.diloco_sync_delay * step
         return max(0.0, t - hidden) / period
     if overlap:   # --overlap-grad-reduce: buckets go out during the last backward
-        return max(0.0, t - t_b)
-    return t
+        return max(0.0, t - t_b - lead)
+    return max(0.0, t - lead)
 
 
 def emb_seconds(m, layout, c, cluster, totals) -> float:
     if "emb" not in totals:
         return 0.0
-    place = placement(layout.tp, layout.dp, layout.pp)
+    place = placement(layout.tp, layout.dp, layout.pp, layout.rank_order)
     fused = c.fused_embedding(layout.pp)
     reps = range(layout.dp) if fused else [0]
     ranks = [place(0, d, s) for d in reps for s in (0, layout.pp - 1)]
@@ -200,7 +206,7 @@ def tp_seconds(m, layout, c, cluster) -> float:
     tp = layout.tp
     if tp < 2:
         return 0.0
-    place = placement(tp, layout.dp, layout.pp)
+    place = placement(tp, layout.dp, layout.pp, layout.rank_order)
     level = cluster.group_level([place(t, 0, 0) for t in range(tp)])
     n, h = m.seq_length * layout.micro_batch_size, m.hidden_size
     import torch
@@ -240,6 +246,6 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
         pp_t = ((pp - 1) * msg + (M * vp - 1) * max(0.0, msg - slot) if overlap
                 else (M * vp + pp - 2) * msg)
     dp_t = dp_seconds(m, layout, c, cluster, compute + bubble, t_b,
-                      overlap and c.dp_mode == "allreduce")
+                      overlap and c.dp_mode == "allreduce", t_b / vp)
     return StepTime(compute, bubble, pp_t, dp_t, emb_seconds(m, layout, c, cluster, totals),
                     (M + (pp - 1) / vp) * t_tp)

@@ -59,3 +59,18 @@ def test_from_args_and_bad_layouts():
     assert Layout(pp=4, virtual_stages=2).boundaries == 7
     with pytest.raises(ValueError, match="not divisible by pp"):
         stage_params(GPT2_SMALL, 1, 5, 0)
+
+
+def test_llama2_70b_grouped_query_attention_and_swiglu():
+    """Llama-2-70B's shape: q and o 8192 x 8192, k and v 8192 x 1024 (8 kv heads of 128),
+    SwiGLU gate, up and down 8192 x 28672, two RMSNorms per layer, untied 32000-row embedding
+    and output layer, a final norm; at tp 8 the k/v rows split by 8 too."""
+    m = ModelShape(num_layers=80, hidden_size=8192, num_attention_heads=64, vocab_size=32000,
+                   seq_length=4096, ffn_hidden_size=28672, num_query_groups=8, swiglu=True,
+                   normalization="RMSNorm", position_embedding_type="rope",
+                   untie_embeddings_and_output_weights=True, disable_bias_linear=True)
+    H, kv, F = 8192, 1024, 28672
+    layer = 2 * H * H + 2 * H * kv + 3 * H * F + 2 * H
+    assert m.num_params() == 80 * layer + 2 * 32000 * H + H == 68_976_648_192
+    qkv = next(p for p in stage_params(m, 8, 4, 1) if p.name.endswith("linear_qkv.weight"))
+    assert qkv.shape == ((H + 2 * kv) // 8, H)

@@ -109,3 +109,42 @@ def test_compression_pays_on_a_slow_link_and_bandwidth_is_monotone(c):
     times = [step_time(M4, lay, c, slow.with_link("inter_node", g)).total
              for g in (0.01, 0.1, 1, 10, 100)]
     assert times == sorted(times, reverse=True)
+
+
+def test_later_stages_start_their_all_reduce_in_the_cool_down():
+    """pp = 2 x dp = 2, every dp group across nodes: stage 1 ends its last backward t_b before
+    stage 0, so the step waits for max(dp_0, dp_1 - t_b); SC on stage 0 only (selective, way 1)
+    leaves the exact stage the one with the head start."""
+    from megatron.cc.plan.dp_bytes import stage_dp_bytes
+    lay = Layout(1, 2, 2, micro_batch_size=2, num_microbatches=4)
+    cl = _cluster(nodes=4, inter_gbps=0.1, lat_us=0, tflops=0.01)
+    bw = 0.1e9 / 8
+    for c in (CompressionConfig(), CompressionConfig(grad_comp=True, grad_comp_rank=4,
+                                                     selective_grad_comp=True,
+                                                     selective_grad_comp_way=1)):
+        t = step_time(M4, lay, c, cl)
+        t_b = t.compute / 4 * 2 / 3
+        ring = [stage_dp_bytes(M4, lay, c, s, None)["sent"] / bw for s in (0, 1)]
+        assert t.dp == pytest.approx(max(ring[0], ring[1] - t_b, 0.0))
+        assert t_b > 0 and ring[1] > 0
+
+
+def test_rank_order_decides_which_channel_crosses_the_datacentres():
+    """pp = 2 x dp = 2 on 4 one-GPU nodes in 2 datacentres: megatron-core's tp-dp-pp puts
+    stage 1 in the second datacentre (the pipeline crosses), tp-pp-dp puts replica 1 there (the
+    dp all-reduce crosses); the bytes are the same, only the links differ."""
+    from megatron.cc.plan.links import placement
+    assert [placement(1, 2, 2)(0, d, p) for d in (0, 1) for p in (0, 1)] == [0, 2, 1, 3]
+    assert [placement(1, 2, 2, "tp-pp-dp")(0, d, p) for d in (0, 1) for p in (0, 1)] == \
+        [0, 1, 2, 3]
+    links = {"intra_node": {"bandwidth_gbps": 1000, "latency_us": 0},
+             "inter_node": {"bandwidth_gbps": 100, "latency_us": 0},
+             "inter_datacentre": {"bandwidth_gbps": 0.1, "latency_us": 0}}
+    cl = cluster_from_dict({"nodes": 4, "gpus_per_node": 1, "tflops_per_gpu": 1,
+                            "datacentres": 2, "links": links})
+    lay = dict(micro_batch_size=2, num_microbatches=4)
+    default, replicas = (step_time(M4, Layout(1, 2, 2, rank_order=o, **lay), CompressionConfig(),
+                                   cl) for o in ("tp-dp-pp", "tp-pp-dp"))
+    assert default.pp > replicas.pp and default.dp < replicas.dp
+    with pytest.raises(ValueError, match="rank_order"):
+        Layout(rank_order="pp-dp-tp")
