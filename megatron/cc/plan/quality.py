@@ -27,7 +27,7 @@ GAPS = {
     "SC PowerSGD on every stage": (0.35, "bench/results/dp_modes.md (powersgd)"),
     "CocktailSGD 0.125/1/2 + Adam correction": (1.90, "bench/results/dp_modes_warm_b128"),
     "DiLoCo H=50 int8 + Adam correction": (1.65, "bench/results/dp_modes_warm_b128"),
-    "SparseLoCo H=15": (None, "not measured yet (README: quality runs still to run)"),
+    "SparseLoCo H=15": (6.45, "bench/results/dp_modes_warm_b128_sparseloco (+Adam correction)"),
 }
 
 

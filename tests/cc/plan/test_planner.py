@@ -44,10 +44,15 @@ def test_flags_are_valid_and_describe_the_candidate(candidates):
     assert len(seen) > 20
 
 
-def test_ranking_and_budget(candidates):
+def test_ranking_and_budget(candidates, monkeypatch):
     times = [c.time.total for c in candidates]
     assert times == sorted(times)
-    assert any(c.gap_pct is None for c in candidates)    # no budget: unmeasured kept
+    from megatron.cc.plan import quality
+    monkeypatch.setitem(quality.GAPS, "SparseLoCo H=15", (None, "pretend unmeasured"))
+    unmeasured = plan(SHAPE, _cluster(0.1), 32, 2)
+    assert any(c.gap_pct is None for c in unmeasured)    # no budget: unmeasured kept
+    assert all(c.gap_pct is not None for c in plan(SHAPE, _cluster(0.1), 32, 2,
+                                                     budget_pct=100.0))   # a budget: left out
     within = plan(SHAPE, _cluster(0.1), 32, 2, budget_pct=1.0)
     assert within and all(c.gap_pct is not None and c.gap_pct <= 1.0 for c in within)
     assert {c.name for c in within} < {c.name for c in candidates}
