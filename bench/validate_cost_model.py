@@ -2,12 +2,13 @@
 
 Reads the records of bench/bench_slow_link.py (its JSON) and, for each, asks the cost model
 (megatron/cc/plan/step_time.py) for the step time of that exact run: the same pretrain_gpt.py
-flags (bench_slow_link.run_argv, parsed by tools/plan_compression.parse_run), on a cluster of
-two nodes, the two sides of the veth pair, placed as the bench places its ranks
-(bench_slow_link.side_of):
-  inter_node   the tbf rate as TCP payload (x 1448 / 1514: full segments with Ethernet, IPv4
-               and TCP+timestamp headers) and --latency-us; unshaped ('none'): --veth-gbps
-  intra_node   two processes of one side over loopback: --veth-gbps
+flags (bench_slow_link.run_argv, parsed by tools/plan_compression.parse_run), on a cluster
+whose two datacentres are the two sides of the veth pair, ranks placed as the bench places
+them (bench_slow_link.side_of):
+  inter_datacentre  the veth pair, shared by every flow crossing it: the tbf rate as TCP
+                    payload (x 1448 / 1514: full segments with Ethernet, IPv4 and
+                    TCP+timestamp headers) and --latency-us; unshaped ('none'): --veth-gbps
+  intra_node        processes of one side over loopback: --veth-gbps
 Codec throughput: the model's CPU table. Compute: the model's one measured input, calibrated
 per placement on that placement's fastest unthrottled uncompressed run (synchronous or
 overlapped: the same work on an idle link, and other load on the box can only lengthen a
@@ -43,27 +44,30 @@ PAYLOAD_SHARE = 1448 / 1514   # TCP payload of a full frame that tbf counts whol
 
 
 class SlowLinkCluster(Cluster):
-    """Two nodes, the two sides of the veth pair, ranks on them as the bench puts them."""
+    """The two sides of the veth pair as two datacentres, ranks on them as the bench puts them.
+
+    The link is one pipe that every rank of a side shares (each direction at the tbf rate),
+    which is the cost model's inter-datacentre level: its bandwidth is divided among the
+    flows crossing it at once (the two stages' dp all-reduces of the dp placement, say)."""
 
     def __init__(self, placement: str, links: Dict[str, LinkSpec], tflops: float):
         pp, dp, tp = PLACEMENT[placement]
         super().__init__(nodes=2, gpus_per_node=pp * dp * tp, links=links,
-                         tflops_per_gpu=tflops, device="cpu")
+                         tflops_per_gpu=tflops, device="cpu", datacentres=[[0], [1]])
         self.side = [side_of(r, placement, dp, tp) for r in range(pp * dp * tp)]
 
     def level(self, a: int, b: int) -> str:
-        return "intra_node" if self.side[a] == self.side[b] else "inter_node"
+        return "intra_node" if self.side[a] == self.side[b] else "inter_datacentre"
 
     def datacentres_spanned(self, ranks) -> int:
-        return 1
+        return len({self.side[r] for r in ranks})
 
 
 def links_at(rate: str, veth_gbps: float, latency_us: float) -> Dict[str, LinkSpec]:
     fast = LinkSpec(veth_gbps, latency_us)
-    if rate == "none":
-        return {"intra_node": fast, "inter_node": fast}
-    return {"intra_node": fast,
-            "inter_node": LinkSpec(rate_bits(rate) * PAYLOAD_SHARE / 1e9, latency_us)}
+    link = fast if rate == "none" else LinkSpec(rate_bits(rate) * PAYLOAD_SHARE / 1e9,
+                                                latency_us)
+    return {"intra_node": fast, "inter_node": fast, "inter_datacentre": link}
 
 
 class Model:
