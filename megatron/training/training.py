@@ -9,7 +9,8 @@ megatron/training/channels.py builds from the flags; the loop does not know whic
 """
 import math
 import time
-from typing import Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -60,28 +61,42 @@ def prefetch_receives(transport) -> bool:
     return dist.get_backend(group) != "nccl"
 
 
-class StageStep:
-    """Forward/backward of this pipeline stage for one micro-batch (see megatron.cc.schedule)."""
+def pipeline_schedule(args, transport, forward_only: bool) -> Schedule:
+    """How the 1F1B loop exchanges: GPipe's stay synchronous; --overlap-p2p-comm posts ahead
+    (prefetch) or in pairs, by the pipeline transport's backend."""
+    gpipe = args.compat.pp_mode == "gpipe"
+    exchange = SYNC
+    if args.parallel.overlap_p2p_comm and not gpipe:
+        exchange = PREFETCH if prefetch_receives(transport) else PAIRED
+    return Schedule(exchange, gpipe, forward_only, virtual_stages=args.vp)
 
-    def __init__(self, trainer: "Trainer", dataset, consumed: int, forward_only=False):
-        self.t = trainer
-        self.dataset = dataset
-        self.consumed = consumed
-        self.forward_only = forward_only
-        self.losses: List[torch.Tensor] = []
+
+@dataclass
+class StageStep:
+    """Forward/backward of this pipeline stage for one micro-batch (see megatron.cc.schedule):
+    the model, where the rank sits, this step's micro-batches and the loss; nothing else."""
+    model: Any
+    topo: Topology
+    batches: Any                       # data.MicroBatchSchedule
+    lm_loss: Callable                  # (logits, labels) -> per-token loss
+    scale_loss: Optional[Callable]     # fp16 loss scaling; None: none
+    feeds_every_stage: bool            # subspace: every stage rebuilds x0 from the tokens
+    dataset: Any
+    consumed: int
+    forward_only: bool = False
+    losses: List[torch.Tensor] = field(default_factory=list)
 
     def sample_ids(self, mb: int) -> torch.Tensor:
-        return self.t.batches.sample_ids(self.consumed, mb, self.t.topo.dp_rank)
+        return self.batches.sample_ids(self.consumed, mb, self.topo.dp_rank)
 
     def forward(self, input_tensor, mb: int, chunk: Optional[int] = None):
         """`chunk`: the model chunk to run (interleaved 1F1B; None: the one model)."""
-        model, M = self.t.model, self.t.batches.num_microbatches
+        model, M = self.model, self.batches.num_microbatches
         c = chunk or 0
-        first, last = self.t.topo.chunk_is_first(c), self.t.topo.chunk_is_last(c)
-        # subspace: every stage rebuilds the embedding part of its input from the tokens
-        feed = first or subspace.sends_coefficients(self.t.args)
+        first, last = self.topo.chunk_is_first(c), self.topo.chunk_is_last(c)
+        feed = first or self.feeds_every_stage
         batch = to_device(data_mod.collate(self.dataset, self.sample_ids(mb)),
-                          self.t.topo.device) if feed or last else {}
+                          self.topo.device) if feed or last else {}
         which = {} if chunk is None else {"chunk": chunk}
         unwrap(model).set_input_tensor(input_tensor, **which)
         with torch.set_grad_enabled(not self.forward_only):
@@ -89,15 +104,15 @@ class StageStep:
                         batch.get("position_ids") if feed else None, None, **which)
             if not last:
                 return out
-            per_token = self.t.lm_loss(out, batch["labels"])   # (B, S)
+            per_token = self.lm_loss(out, batch["labels"])   # (B, S)
         mask = batch["loss_mask"].float()
         loss = (per_token * mask).sum() / mask.sum()
         self.losses.append(loss.detach())
         return loss / M
 
     def backward(self, input_tensor, output_tensor, output_grad):
-        if output_grad is None and self.t.scale_loss is not None:  # last stage, fp16
-            output_tensor = self.t.scale_loss(output_tensor)
+        if output_grad is None and self.scale_loss is not None:  # last stage, fp16
+            output_tensor = self.scale_loss(output_tensor)
         return run_backward(input_tensor, output_tensor, output_grad)
 
 
@@ -259,14 +274,11 @@ class Trainer:
 
     # ---------------------------------------------------------------- one iteration
     def forward_backward(self, dataset, consumed: int, forward_only=False) -> StageStep:
-        step = StageStep(self, dataset, consumed, forward_only)
-        gpipe = self.args.compat.pp_mode == "gpipe"
-        exchange = SYNC   # GPipe's exchanges stay synchronous
-        if self.args.parallel.overlap_p2p_comm and not gpipe:
-            exchange = PREFETCH if prefetch_receives(self.channels.transport) else PAIRED
+        step = StageStep(self.model, self.topo, self.batches, self.lm_loss, self.scale_loss,
+                         subspace.sends_coefficients(self.args), dataset, consumed, forward_only)
         forward_backward(step, self.channels, self.batches.num_microbatches, self.iteration,
                          self.topo.pp_rank, self.args.pp,
-                         Schedule(exchange, gpipe, forward_only, virtual_stages=self.args.vp))
+                         pipeline_schedule(self.args, self.channels.transport, forward_only))
         return step
 
     def _set_batch_size(self) -> None:
