@@ -116,6 +116,8 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
             return
         # the spellings folded at parse time first, so the message names the flag given
         for f in sorted(dataclasses.fields(self), key=lambda f: f.name not in LowRank.FOLDED):
-            if f.name not in self.AUTO_KEEPS and getattr(self, f.name) != f.default:
-                raise ConfigError(f"--{f.name.replace('_', '-')} is chosen by --compression "
-                                  f"auto; drop it, or use --compression manual")
+            value = getattr(self, f.name)
+            if f.name not in self.AUTO_KEEPS and value != f.default:
+                given = value if f.metadata["spellings"] else f"--{f.name.replace('_', '-')}"
+                raise ConfigError(f"{given} is chosen by --compression auto; drop it, or use "
+                                  f"--compression manual")

@@ -13,7 +13,7 @@ from typing import Optional
 from megatron.cc.compress import CacheTooLarge
 from megatron.cc.compress.delta import mem_available
 from megatron.cc.p2p import Link
-from megatron.cc.pp_methods import LinkEnd, pp_codec, pp_link, pp_warmup_iters
+from megatron.cc.pp_methods import LinkEnd, pp_codec, pp_link
 from megatron.training.config_flags import ConfigError
 from megatron.training.nodes import spans_nodes
 
@@ -21,7 +21,7 @@ from megatron.training.nodes import spans_nodes
 def warmup_iters(args, epoch_samples: Optional[int]) -> int:
     """Iterations whose pipeline messages go uncompressed (--compress-warmup-iters / -epochs)."""
     per_epoch = None if epoch_samples is None else epoch_samples // args.training.global_batch_size
-    return pp_warmup_iters(args.compression, per_epoch)
+    return args.compression.compress_warmup.iters(per_epoch)
 
 
 def cache_capacity(args, epoch_samples: Optional[int]) -> int:
