@@ -1,9 +1,10 @@
 """--dp-mode cocktail_sgd (alias cocktail): CocktailSGD's compressed parameter deltas in the
 sharded exchange, one step stale (megatron/cc/grad_sync/cocktail.py)."""
+import math
 from dataclasses import dataclass
 
 from megatron.cc.config_fields import ConfigError, flag
-from megatron.cc.dp_modes.base import DpMode
+from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode, exact_bytes, segment_sizes
 from megatron.cc.grad_sync.cocktail import CocktailSGDSync
 from megatron.cc.grad_sync.flat_codecs import make_flat_codec
 from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
@@ -21,6 +22,14 @@ def flat_codec(c, name: str, seed: int = 0):
 def sharded_exchange(c, group, name: str, seed: int) -> ShardedExchange:
     # the rolling mask depends on the seed: equal on every replica, for both phases
     return ShardedExchange(group, flat_codec(c, name, seed), flat_codec(c, name, seed))
+
+
+def sharded_exchange_bytes(numel: int, world: int, codec) -> int:
+    """ShardedExchange's count for one n-value vector: both phases' payloads over all shards,
+    halved (an all-reduce message), with shards of ceil(n / D) values."""
+    s = -(-numel // world)
+    payload = sum(math.prod(shape) * dt.itemsize for shape, dt in codec.flat_spec(s))
+    return (world * payload + world * payload) // 2
 
 
 @dataclass
@@ -59,6 +68,20 @@ class CocktailSGD(DpMode):
     @staticmethod
     def profile(c) -> str:
         return "cocktail"
+
+    @staticmethod
+    def stage_bytes(c, params, layout, stage, iteration):
+        """Exact during the warm-up; then per segment of n values (the tied embedding apart) a
+        ShardedExchange of ceil(n / D)-value shards, counted (D P1 + D P2) / 2, one step late
+        when overlapped."""
+        if iteration is not None and iteration < c.cocktail_warmup_steps:
+            return exact_bytes(params)
+        if iteration == c.cocktail_warmup_steps and not c.cocktail_no_overlap:
+            return {"sent": 0, "raw": 0, "messages": 0}   # the first exchange is counted next step
+        codec = flat_codec(c, "cocktail")
+        sizes = [sum(v) for v in segment_sizes(params).values()]
+        return {"sent": sum(sharded_exchange_bytes(n, layout.dp, codec) for n in sizes),
+                "raw": GRAD_BYTES * sum(sizes), "messages": 1}
 
     @staticmethod
     def build(c, topo, stats, run):

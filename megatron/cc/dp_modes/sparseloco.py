@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from megatron.cc.compress.chunk_topk import ChunkTopKCodec
 from megatron.cc.config_fields import ConfigError, flag
 from megatron.cc.dp_modes.diloco import DiLoCoLoop
-from megatron.cc.grad_sync.sparseloco import SparseLoCoSync
+from megatron.cc.grad_sync.sparseloco import SparseLoCoSync, sync_bytes
 
 
 @dataclass
@@ -31,6 +31,12 @@ class SparseLoCo(DiLoCoLoop):
     sparseloco_bits: int = flag(
         2, "sparseloco: bits per kept value, 1..8 (--quant-scheme), one 16-bit scale per "
            "chunk.")
+
+    @staticmethod
+    def fragment_bytes(c, numel: int, world: int) -> int:
+        """sparseloco.sync_bytes (all-gather, D P / 2)."""
+        codec = ChunkTopKCodec(c.sparseloco_density, c.sparseloco_chunk_size, c.sparseloco_bits)
+        return sync_bytes(numel, world, codec)
 
     @staticmethod
     def check(c, pp: int, dp: int) -> None:
