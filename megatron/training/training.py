@@ -151,8 +151,9 @@ class Trainer:
         self.comp_total: Dict[str, Dict[str, int]] = {}   # --check-comp-ratio's running sum
         self.ckpt = CheckpointManager(args, self.progress, self.padded_vocab_size,
                                       self.tokenizer.vocab_size, self.topo)
-        self.ckpt.register("model", ModelState(self.model, self.optimizer, args.model), SHARD)
-        self.ckpt.register("optimizer", OptimizerState(self.optimizer, self.model), SHARD)
+        for name, state in (("model", ModelState(self.model, self.optimizer, args.model)),
+                            ("optimizer", OptimizerState(self.optimizer, self.model))):
+            self.ckpt.register(name, state, SHARD, gathers=state.gathers)
         self.ckpt.register("opt_param_scheduler", SchedulerState(self.scheduler), SHARD)
         self.ckpt.register("rng", RngState(), RANK)
         self.ckpt.register("pipeline_channels", self.channels)
