@@ -77,7 +77,7 @@ fp32 (S, B, H): ratio ~ 32 H / (bits k) per direction, e.g. H 128, k 10, 4 bits 
 """
 import hashlib
 import math
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 

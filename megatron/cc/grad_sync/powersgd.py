@@ -173,13 +173,15 @@ class PowerSGDDataParallelSync(SyncChannel):
 
     def _rebuild(self, name: str, M, P, Q, Q_prev, post: float) -> None:
         """Q averaged: M <- P Q^T x post, E <- M - P Q^T. A Q column that came out exactly
-        zero (zero gradient on every replica) would stay zero forever; the previous one is
-        kept so the warm start survives. Same on all ranks."""
+        zero (zero gradient on every replica) would stay zero forever; the previous one
+        (Q_prev; None: no warm start) is kept so the warm start survives. Same on all ranks."""
         M_hat = P @ Q.t()
         if name not in self.errors:
             self.errors[name] = torch.empty_like(M)
         torch.sub(M, M_hat, out=self.errors[name])
         M.copy_(M_hat if post == 1.0 else M_hat.mul_(post))
+        if Q_prev is None:
+            return
         dead = torch.linalg.vector_norm(Q, dim=0) == 0
         Q.copy_(torch.where(dead, Q_prev, Q))
 

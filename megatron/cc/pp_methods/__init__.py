@@ -84,7 +84,8 @@ class PpConfig(*reversed([m for m in dict.fromkeys((*FWD.values(), *BWD.values()
     @property
     def uses_epochs(self) -> bool:
         """Training revisits a fixed set of samples epoch after epoch (see the Trainer)."""
-        return self.activation_cache or self.compress_warmup.in_epochs_of_data
+        w = self.compress_warmup
+        return self.activation_cache or (w.unit == "epochs" and w.amount > 0)
 
     def validate_pipeline_codecs(self, pp: int) -> None:
         fwd, bwd = self.forward_compress_method, self.backward_compress_method

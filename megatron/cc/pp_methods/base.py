@@ -15,8 +15,7 @@ from megatron.cc.speed import TimedCodec
 @dataclass(frozen=True)
 class Warmup:
     """The pipeline channels' uncompressed warm-up, one field however it was spelled:
-    --compress-warmup-iters N or --warmup-epochs E (caches fill), converted to whole
-    iterations once the iterations per epoch are known."""
+    --compress-warmup-iters N, or --warmup-epochs E of the training split (caches fill)."""
     amount: float = 0
     unit: str = "iters"   # or "epochs"
 
@@ -32,10 +31,6 @@ class Warmup:
         return f"--{'compress-warmup-iters' if self.unit == 'iters' else 'warmup-epochs'} " \
                f"{self.amount}"
 
-    @property
-    def in_epochs_of_data(self) -> bool:
-        return self.unit == "epochs" and self.amount > 0
-
     def then(self, later: "Warmup") -> "Warmup":
         """The flags in order: the other spelling at 0 leaves this one, two warm-ups clash."""
         if later.unit == self.unit or not self.amount:
@@ -46,10 +41,8 @@ class Warmup:
 
     def iters(self, iters_per_epoch: Optional[int] = None) -> int:
         """Iterations whose pipeline messages go uncompressed (epochs rounded up)."""
-        if self.unit == "iters":
-            return self.amount
-        if not self.amount:
-            return 0
+        if self.unit == "iters" or not self.amount:
+            return int(self.amount)
         if iters_per_epoch is None:
             raise ConfigError("--warmup-epochs needs the iterations per epoch of the training "
                               "split; give --compress-warmup-iters instead")
