@@ -54,11 +54,6 @@ def forward_codec(args, capacity: int, seed: int, ram_limit: Optional[int], devi
                           device=device))
 
 
-def fixpoint_backward_codec(args, seed: int):
-    """Direct b-bit quantisation of activation gradients (AC-SGD / TAH-Quant backward)."""
-    return pp_codec(args.compression, "pp-bwd", LinkEnd("pp-bwd", seed=seed))
-
-
 def _seed(args, sender_rank: int, channel: str, sender_chunk: int = 0) -> int:
     """Stochastic-rounding seed of one link: both ends know its sender's global rank (and,
     interleaved, the sender's model chunk: each chunk boundary draws its own stream)."""

@@ -73,10 +73,6 @@ class PpConfig(*reversed([m for m in dict.fromkeys((*FWD.values(), *BWD.values()
         return self.backward_compress_method == "lowrank"
 
     @property
-    def cb_rank(self) -> int:
-        return self.inter_grad_comp_rank
-
-    @property
     def activation_cache(self) -> bool:
         """The fwd codec keeps a per-sample cache (keyed by dataset index across epochs)."""
         return FWD[self.forward_compress_method].caches
