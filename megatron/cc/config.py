@@ -9,7 +9,7 @@ the training driver generates the flags from these fields (megatron.training.con
 from dataclasses import dataclass
 from typing import Optional
 
-from megatron.cc.config_fields import ConfigError, flag
+from megatron.cc.config_fields import ConfigError, check_bounds, flag
 from megatron.cc.dp_modes import DpConfig
 from megatron.cc.emb_methods import EmbConfig
 from megatron.cc.pp_methods import LowRank, PpConfig, Subspace
@@ -74,6 +74,7 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
 
     def validate(self, pp: int, dp: int, tp: int) -> None:
         self.validate_auto()
+        check_bounds(self)   # the fields' declared bounds, whichever method is on
         self.validate_pipeline_codecs(pp)
         self.validate_dp_mode(pp, dp)
         self.validate_emb(pp)

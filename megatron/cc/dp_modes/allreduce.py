@@ -21,7 +21,7 @@ class AllReduce(DpMode):
                "1-D tensors, small matrices and the embedding/output weights stay exact. "
                "No effect with data-parallel size 1 (nothing crosses the dp group).")
     grad_comp_rank: int = flag(128, "Rank r of the PowerSGD factors P (n x r) and Q (m x r) "
-                                    "(Optimus-CC paper: 128).")
+                                    "(Optimus-CC paper: 128).", low=1)
     grad_comp_warm_up: float = flag(
         0.1, "Fraction of --train-iters (from the start) that all-reduce gradients exactly "
              "before PowerSGD begins; in [0, 1).")
@@ -66,8 +66,6 @@ class AllReduce(DpMode):
         if k is not None and k < 1:
             raise ConfigError(f"--selective-grad-comp-way {k} must be >= 1 (values above the "
                               f"pipeline size {pp} compress every stage)")
-        if c.grad_comp_rank < 1:
-            raise ConfigError(f"--grad-comp-rank must be >= 1, got {c.grad_comp_rank}")
         if not 0.0 <= c.grad_comp_warm_up < 1.0:
             raise ConfigError(f"--grad-comp-warm-up is a fraction of --train-iters in [0, 1), "
                               f"got {c.grad_comp_warm_up}")

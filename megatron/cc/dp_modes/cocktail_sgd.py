@@ -43,7 +43,7 @@ class CocktailSGD(DpMode):
     cocktail_topk_ratio: float = flag(
         0.2, "cocktail_sgd: share of the subset kept by magnitude (top-k), in (0, 1].")
     cocktail_bits: int = flag(4, "cocktail_sgd (and --diloco-compression cocktail): bits per "
-                                 "kept value, 1..8.")
+                                 "kept value, 1..8.", low=1, high=8)
     cocktail_bucket_size: int = flag(
         128, "cocktail_sgd: kept values per 16-bit scale (also the bucket of int8/fixpoint-b).")
     cocktail_warmup_steps: int = flag(
@@ -59,8 +59,6 @@ class CocktailSGD(DpMode):
             if not 0.0 < getattr(c, name) <= 1.0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be in (0, 1], got "
                                   f"{getattr(c, name)}")
-        if not 1 <= c.cocktail_bits <= 8:
-            raise ConfigError(f"--cocktail-bits must be in 1..8, got {c.cocktail_bits}")
         if c.cocktail_bucket_size < 1 or c.cocktail_warmup_steps < 0:
             raise ConfigError("--cocktail-bucket-size must be >= 1 and --cocktail-warmup-steps "
                               ">= 0")

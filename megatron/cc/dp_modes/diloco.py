@@ -14,7 +14,7 @@ from megatron.cc.grad_sync.flat_codecs import parse_fixpoint_bits
 @dataclass
 class DiLoCoLoop(DpMode):
     diloco_inner_steps: int = flag(100, "diloco, sparseloco: H, local optimizer steps between "
-                                        "outer steps (SparseLoCo's paper runs 15).")
+                                        "outer steps (SparseLoCo's paper runs 15).", low=1)
     diloco_fragments: int = flag(
         1, "diloco, sparseloco: Streaming DiLoCo, the stage's layers cut into F fragments "
            "synchronised in turn every H/F steps (--diloco-inner-steps must be divisible by "
@@ -27,8 +27,6 @@ class DiLoCoLoop(DpMode):
 
     @staticmethod
     def check(c, pp: int, dp: int) -> None:
-        if c.diloco_inner_steps < 1:
-            raise ConfigError(f"--diloco-inner-steps must be >= 1, got {c.diloco_inner_steps}")
         if c.diloco_fragments < 1 or c.diloco_inner_steps % c.diloco_fragments:
             raise ConfigError(f"--diloco-fragments {c.diloco_fragments} must be >= 1 and "
                               f"divide --diloco-inner-steps {c.diloco_inner_steps}")
