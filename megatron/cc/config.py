@@ -119,6 +119,6 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
         for f in sorted(dataclasses.fields(self), key=lambda f: f.name not in LowRank.FOLDED):
             value = getattr(self, f.name)
             if f.name not in self.AUTO_KEEPS and value != f.default:
-                given = value if f.metadata["spellings"] else f"--{f.name.replace('_', '-')}"
+                given = value if f.metadata.get("spellings") else f"--{f.name.replace('_', '-')}"
                 raise ConfigError(f"{given} is chosen by --compression auto; drop it, or use "
                                   f"--compression manual")

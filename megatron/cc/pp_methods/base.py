@@ -32,7 +32,8 @@ class Warmup:
                f"{self.amount}"
 
     def then(self, later: "Warmup") -> "Warmup":
-        """The flags in order: the other spelling at 0 leaves this one, two warm-ups clash."""
+        """This warm-up, then `later` given on the command line: the same spelling replaces it,
+        the other spelling at 0 leaves it, a second nonzero warm-up is refused."""
         if later.unit == self.unit or not self.amount:
             return later
         if later.amount:
