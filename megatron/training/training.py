@@ -9,6 +9,7 @@ megatron/training/channels.py builds from the flags; the loop does not know whic
 """
 import math
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -69,6 +70,27 @@ def pipeline_schedule(args, transport, forward_only: bool) -> Schedule:
     if args.parallel.overlap_p2p_comm and not gpipe:
         exchange = PREFETCH if prefetch_receives(transport) else PAIRED
     return Schedule(exchange, gpipe, forward_only, virtual_stages=args.vp)
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, tp_rank: int,
+            tp_channel=None) -> torch.Tensor:
+    """Per-token cross entropy over the *real* vocabulary (`vocab_size`).
+
+    logits: (B, S, V/tp), this rank's vocabulary slice. Megatron pads the vocabulary to a
+    multiple of 128 x tp and lets the padding rows join the softmax; here their logits are
+    masked out, so the loss does not depend on the padding (a Hugging Face GPT-2 imported
+    with zero padding rows gives exactly Hugging Face's loss).
+    """
+    from megatron.core import tensor_parallel
+    logits = logits.float()
+    width = logits.size(-1)
+    real = vocab_size - tp_rank * width
+    if real < width:   # this slice holds padding rows: decided on the host, from sizes
+        # the mask is made on the logits' device: no host tensor copied up per micro-batch
+        padded = torch.arange(width, device=logits.device) >= real
+        logits = logits.masked_fill(padded, float("-inf"))
+    count_cross_entropy(tp_channel, labels)
+    return tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
 
 
 @dataclass
@@ -254,28 +276,11 @@ class Trainer:
         from torch.utils.tensorboard import SummaryWriter
         return SummaryWriter(log_dir=d)
 
-    def lm_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Per-token cross entropy over the *real* vocabulary.
-
-        logits: (B, S, V/tp), this rank's vocabulary slice. Megatron pads the vocabulary to a
-        multiple of 128 x tp and lets the padding rows join the softmax; here their logits are
-        masked out, so the loss does not depend on the padding (a Hugging Face GPT-2 imported
-        with zero padding rows gives exactly Hugging Face's loss).
-        """
-        from megatron.core import tensor_parallel
-        logits = logits.float()
-        width = logits.size(-1)
-        real = self.tokenizer.vocab_size - self.topo.tp_rank * width
-        if real < width:   # this slice holds padding rows: decided on the host, from sizes
-            # the mask is made on the logits' device: no host tensor copied up per micro-batch
-            padded = torch.arange(width, device=logits.device) >= real
-            logits = logits.masked_fill(padded, float("-inf"))
-        count_cross_entropy(self.tp_channel, labels)
-        return tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
-
     # ---------------------------------------------------------------- one iteration
     def forward_backward(self, dataset, consumed: int, forward_only=False) -> StageStep:
-        step = StageStep(self.model, self.topo, self.batches, self.lm_loss, self.scale_loss,
+        loss = partial(lm_loss, vocab_size=self.tokenizer.vocab_size, tp_rank=self.topo.tp_rank,
+                       tp_channel=self.tp_channel)
+        step = StageStep(self.model, self.topo, self.batches, loss, self.scale_loss,
                          subspace.sends_coefficients(self.args), dataset, consumed, forward_only)
         forward_backward(step, self.channels, self.batches.num_microbatches, self.iteration,
                          self.topo.pp_rank, self.args.pp,

@@ -58,10 +58,7 @@ def _lm_loss(monkeypatch, logits, vocab, padded, tp_rank):
     from megatron.core import tensor_parallel
     # the masked logits themselves come back (the cross entropy is megatron-core's)
     monkeypatch.setattr(tensor_parallel, "vocab_parallel_cross_entropy", lambda l, y: l)
-    me = types.SimpleNamespace(padded_vocab_size=padded, tp_channel=None,
-                               topo=types.SimpleNamespace(tp_rank=tp_rank),
-                               tokenizer=types.SimpleNamespace(vocab_size=vocab))
-    return training.Trainer.lm_loss(me, logits, None)
+    return training.lm_loss(logits, None, vocab_size=vocab, tp_rank=tp_rank)
 
 
 @pytest.mark.parametrize("tp_rank", [0, 1])
