@@ -9,7 +9,7 @@ the training driver generates the flags from these fields (megatron.training.con
 from dataclasses import dataclass
 from typing import Optional
 
-from megatron.cc.config_fields import ConfigError, flag
+from megatron.cc.config_fields import ConfigError, check_bounds, flag
 from megatron.cc.dp_modes import DpConfig
 from megatron.cc.emb_methods import EmbConfig
 from megatron.cc.pp_methods import LowRank, PpConfig, Subspace
@@ -74,6 +74,7 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
 
     def validate(self, pp: int, dp: int, tp: int) -> None:
         self.validate_auto()
+        check_bounds(self)   # the fields' declared bounds, whichever method is on
         self.validate_pipeline_codecs(pp)
         self.validate_dp_mode(pp, dp)
         self.validate_emb(pp)
@@ -116,6 +117,8 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
             return
         # the spellings folded at parse time first, so the message names the flag given
         for f in sorted(dataclasses.fields(self), key=lambda f: f.name not in LowRank.FOLDED):
-            if f.name not in self.AUTO_KEEPS and getattr(self, f.name) != f.default:
-                raise ConfigError(f"--{f.name.replace('_', '-')} is chosen by --compression "
-                                  f"auto; drop it, or use --compression manual")
+            value = getattr(self, f.name)
+            if f.name not in self.AUTO_KEEPS and value != f.default:
+                given = value if f.metadata.get("spellings") else f"--{f.name.replace('_', '-')}"
+                raise ConfigError(f"{given} is chosen by --compression auto; drop it, or use "
+                                  f"--compression manual")

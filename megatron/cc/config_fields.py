@@ -9,9 +9,24 @@ class ConfigError(ValueError):
     """A flag value or combination that cannot work; the message names the flag and the fix."""
 
 
-def flag(default, help: str, *, aliases=(), choices=None, type=None):
-    """A dataclass field carrying its command-line help."""
-    meta = {"help": help, "aliases": tuple(aliases), "choices": choices, "type": type}
+def flag(default, help: str, *, aliases=(), choices=None, type=None, spellings=None,
+         low=None, high=None):
+    """A dataclass field carrying its command-line help. `spellings`: {flag: (parse, help)}
+    for a field several flags set, each its own way (the field's value has `then(later)`);
+    `low` / `high`: the bounds of a given value (check_bounds)."""
+    meta = {"help": help, "aliases": tuple(aliases), "choices": choices, "type": type,
+            "spellings": spellings, "bounds": (low, high)}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda d=default: list(d), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def check_bounds(config) -> None:
+    """ConfigError naming the flag of the first field outside its `low` / `high` bounds."""
+    for f in dataclasses.fields(config):
+        low, high = f.metadata.get("bounds", (None, None))
+        value = getattr(config, f.name)
+        if value is None or (low is None or value >= low) and (high is None or value <= high):
+            continue
+        want = f">= {low}" if high is None else f"in {low}..{high}"
+        raise ConfigError(f"--{f.name.replace('_', '-')} must be {want}, got {value}")

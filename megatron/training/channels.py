@@ -9,7 +9,6 @@ from megatron.cc.emb_methods import build_emb_channel
 from megatron.cc.grad_sync import GradSync
 from megatron.cc.diagnostics import OrthogonalityProbe
 from megatron.cc.p2p import InterleavedChannels, PipelineChannels, ScatterGather
-from megatron.cc.pp_methods import LinkEnd, pp_codec
 from megatron.cc.speed import CompSpeed
 from megatron.training.initialize import group_timeout
 from megatron.training.nodes import spans_nodes
@@ -46,12 +45,6 @@ def comp_seed(args) -> int:
 def speed_meter(args, stats):
     """--check-comp-speed: the rank's codec timer (None when off)."""
     return CompSpeed(stats) if args.compression.check_comp_speed else None
-
-
-def backward_codec(c, seed: int):
-    """CB codec for one end of a bwd link, or None (uncompressed)."""
-    return pp_codec(c, "pp-bwd", LinkEnd("pp-bwd", comp_seed=seed)) if c.compressed_backprop \
-        else None
 
 
 def build_pipeline_channels(args, config, stats, topo, epoch_samples=None, nodes=None):

@@ -347,8 +347,8 @@ class CheckpointManager:
     """Saves and loads what is registered, in registration order. A SHARD (RANK) Stateful's keys
     go to the top level of dp rank 0's model_optim_rng.pt (the rank file) and it loads from the
     whole file; a COMPONENT's state sits under the rank file's "components"[name]. A SHARD
-    Stateful with `gathers` true is saved collectively over the dp group (every dp rank calls
-    its state_dict(), which returns None except on dp rank 0)."""
+    Stateful registered with `gathers` is saved collectively over the dp group (every dp rank
+    calls its state_dict(), which returns None except on dp rank 0)."""
 
     def __init__(self, args, progress: Stateful, padded_vocab_size: int, vocab_size: int,
                  topo: Topology):
@@ -361,14 +361,18 @@ class CheckpointManager:
         if args.vp > 1:   # interleaved: model0, model1, ... in the shard
             self.layout["vp"] = args.vp
         self.registry: Dict[str, Dict[str, Stateful]] = {SHARD: {}, RANK: {}, COMPONENT: {}}
+        self.gathering = set()   # SHARD names saved collectively over the dp group
         self.register("progress", progress, SHARD)
         self.writer = AsyncWriter()
         self.snapshot = HostSnapshot()
         self.pending = None          # (root, iteration) of the async save in flight
         self._cleaned = set()        # save roots whose stale .tmp dirs rank 0 has removed
 
-    def register(self, name: str, obj: Stateful, where: str = COMPONENT) -> None:
+    def register(self, name: str, obj: Stateful, where: str = COMPONENT,
+                 gathers: bool = False) -> None:
         self.registry[where][name] = obj
+        if gathers:
+            self.gathering.add(name)
 
     # ------------------------------------------------------------ save
     def _jobs(self, root: str) -> list:
@@ -379,8 +383,8 @@ class CheckpointManager:
         # dp group: every dp rank calls it, in registration order; dp rank 0 writes the result
         shard = {"checkpoint_version": CHECKPOINT_VERSION, **self.progress.state_dict(),
                  "args": self.args.to_dict(), "layout": self.layout}   # progress first
-        for obj in self.registry[SHARD].values():
-            if self.dp_rank == 0 or getattr(obj, "gathers", False):
+        for name, obj in self.registry[SHARD].items():
+            if self.dp_rank == 0 or name in self.gathering:
                 shard.update(obj.state_dict() or {})
         if self.dp_rank == 0:
             jobs.append((file_state(shard), os.path.join(

@@ -20,6 +20,13 @@ def _base_type(annotation):
     return annotation
 
 
+class _Spelling(argparse.Action):
+    """One of the flags of a field with several spellings: the value says how they combine."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        setattr(namespace, self.dest, getattr(namespace, self.dest).then(value))
+
+
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str) -> None:
     group = parser.add_argument_group(title)
     hints = typing.get_type_hints(cls)
@@ -32,6 +39,12 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str) -> Non
             names.append("--" + f.name)
         names += [a for a in f.metadata.get("aliases", ()) if a not in names]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for name, (parse, help_) in (f.metadata.get("spellings") or {}).items():
+            names = dict.fromkeys([name, "--" + name[2:].replace("-", "_")])
+            group.add_argument(*names, dest=f.name, default=default, type=parse, help=help_,
+                               action=_Spelling, metavar=name[2:].upper().replace("-", "_"))
+        if f.metadata.get("spellings"):
+            continue
         kwargs = dict(dest=f.name, default=default, help=f.metadata["help"])
         hint = hints[f.name]
         base = _base_type(hint)

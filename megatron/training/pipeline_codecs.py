@@ -13,7 +13,7 @@ from typing import Optional
 from megatron.cc.compress import CacheTooLarge
 from megatron.cc.compress.delta import mem_available
 from megatron.cc.p2p import Link
-from megatron.cc.pp_methods import LinkEnd, pp_codec, pp_link, pp_warmup_iters
+from megatron.cc.pp_methods import LinkEnd, pp_codec, pp_link
 from megatron.training.config_flags import ConfigError
 from megatron.training.nodes import spans_nodes
 
@@ -21,7 +21,7 @@ from megatron.training.nodes import spans_nodes
 def warmup_iters(args, epoch_samples: Optional[int]) -> int:
     """Iterations whose pipeline messages go uncompressed (--compress-warmup-iters / -epochs)."""
     per_epoch = None if epoch_samples is None else epoch_samples // args.training.global_batch_size
-    return pp_warmup_iters(args.compression, per_epoch)
+    return args.compression.compress_warmup.iters(per_epoch)
 
 
 def cache_capacity(args, epoch_samples: Optional[int]) -> int:
@@ -52,11 +52,6 @@ def forward_codec(args, capacity: int, seed: int, ram_limit: Optional[int], devi
     return pp_codec(args.compression, "pp-fwd",
                     _spec(args, "pp-fwd", seed, capacity=capacity, ram_limit=ram_limit,
                           device=device))
-
-
-def fixpoint_backward_codec(args, seed: int):
-    """Direct b-bit quantisation of activation gradients (AC-SGD / TAH-Quant backward)."""
-    return pp_codec(args.compression, "pp-bwd", LinkEnd("pp-bwd", seed=seed))
 
 
 def _seed(args, sender_rank: int, channel: str, sender_chunk: int = 0) -> int:

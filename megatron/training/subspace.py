@@ -77,7 +77,7 @@ fp32 (S, B, H): ratio ~ 32 H / (bits k) per direction, e.g. H 128, k 10, 4 bits 
 """
 import hashlib
 import math
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -142,7 +142,7 @@ def validate(args) -> None:
         raise ConfigError(f"{method} sends coefficients between pipeline stages; at "
                           f"--pipeline-model-parallel-size 1 there are none: give "
                           f"--subspace-rank {k} alone for the constrained model")
-    if c.compress_warmup_iters or c.warmup_epochs:
+    if c.compress_warmup.amount:
         raise ConfigError(f"{method} has no uncompressed warm-up: the stage boundary carries "
                           f"coefficients from the first step (the model is built that way); "
                           f"drop --compress-warmup-iters / --warmup-epochs (--subspace-bits 0 "

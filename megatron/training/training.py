@@ -9,7 +9,9 @@ megatron/training/channels.py builds from the flags; the loop does not know whic
 """
 import math
 import time
-from typing import Dict, List, Optional
+from functools import partial
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -60,28 +62,63 @@ def prefetch_receives(transport) -> bool:
     return dist.get_backend(group) != "nccl"
 
 
-class StageStep:
-    """Forward/backward of this pipeline stage for one micro-batch (see megatron.cc.schedule)."""
+def pipeline_schedule(args, transport, forward_only: bool) -> Schedule:
+    """How the 1F1B loop exchanges: GPipe's stay synchronous; --overlap-p2p-comm posts ahead
+    (prefetch) or in pairs, by the pipeline transport's backend."""
+    gpipe = args.compat.pp_mode == "gpipe"
+    exchange = SYNC
+    if args.parallel.overlap_p2p_comm and not gpipe:
+        exchange = PREFETCH if prefetch_receives(transport) else PAIRED
+    return Schedule(exchange, gpipe, forward_only, virtual_stages=args.vp)
 
-    def __init__(self, trainer: "Trainer", dataset, consumed: int, forward_only=False):
-        self.t = trainer
-        self.dataset = dataset
-        self.consumed = consumed
-        self.forward_only = forward_only
-        self.losses: List[torch.Tensor] = []
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, tp_rank: int,
+            tp_channel=None) -> torch.Tensor:
+    """Per-token cross entropy over the *real* vocabulary (`vocab_size`).
+
+    logits: (B, S, V/tp), this rank's vocabulary slice. Megatron pads the vocabulary to a
+    multiple of 128 x tp and lets the padding rows join the softmax; here their logits are
+    masked out, so the loss does not depend on the padding (a Hugging Face GPT-2 imported
+    with zero padding rows gives exactly Hugging Face's loss).
+    """
+    from megatron.core import tensor_parallel
+    logits = logits.float()
+    width = logits.size(-1)
+    real = vocab_size - tp_rank * width
+    if real < width:   # this slice holds padding rows: decided on the host, from sizes
+        # the mask is made on the logits' device: no host tensor copied up per micro-batch
+        padded = torch.arange(width, device=logits.device) >= real
+        logits = logits.masked_fill(padded, float("-inf"))
+    count_cross_entropy(tp_channel, labels)
+    return tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
+
+
+@dataclass
+class StageStep:
+    """Forward/backward of this pipeline stage for one micro-batch (see megatron.cc.schedule):
+    the model, where the rank sits, this step's micro-batches and the loss; nothing else."""
+    model: Any
+    topo: Topology
+    batches: Any                       # data.MicroBatchSchedule
+    lm_loss: Callable                  # (logits, labels) -> per-token loss
+    scale_loss: Optional[Callable]     # fp16 loss scaling; None: none
+    feeds_every_stage: bool            # subspace: every stage rebuilds x0 from the tokens
+    dataset: Any
+    consumed: int
+    forward_only: bool = False
+    losses: List[torch.Tensor] = field(default_factory=list)
 
     def sample_ids(self, mb: int) -> torch.Tensor:
-        return self.t.batches.sample_ids(self.consumed, mb, self.t.topo.dp_rank)
+        return self.batches.sample_ids(self.consumed, mb, self.topo.dp_rank)
 
     def forward(self, input_tensor, mb: int, chunk: Optional[int] = None):
         """`chunk`: the model chunk to run (interleaved 1F1B; None: the one model)."""
-        model, M = self.t.model, self.t.batches.num_microbatches
+        model, M = self.model, self.batches.num_microbatches
         c = chunk or 0
-        first, last = self.t.topo.chunk_is_first(c), self.t.topo.chunk_is_last(c)
-        # subspace: every stage rebuilds the embedding part of its input from the tokens
-        feed = first or subspace.sends_coefficients(self.t.args)
+        first, last = self.topo.chunk_is_first(c), self.topo.chunk_is_last(c)
+        feed = first or self.feeds_every_stage
         batch = to_device(data_mod.collate(self.dataset, self.sample_ids(mb)),
-                          self.t.topo.device) if feed or last else {}
+                          self.topo.device) if feed or last else {}
         which = {} if chunk is None else {"chunk": chunk}
         unwrap(model).set_input_tensor(input_tensor, **which)
         with torch.set_grad_enabled(not self.forward_only):
@@ -89,15 +126,15 @@ class StageStep:
                         batch.get("position_ids") if feed else None, None, **which)
             if not last:
                 return out
-            per_token = self.t.lm_loss(out, batch["labels"])   # (B, S)
+            per_token = self.lm_loss(out, batch["labels"])   # (B, S)
         mask = batch["loss_mask"].float()
         loss = (per_token * mask).sum() / mask.sum()
         self.losses.append(loss.detach())
         return loss / M
 
     def backward(self, input_tensor, output_tensor, output_grad):
-        if output_grad is None and self.t.scale_loss is not None:  # last stage, fp16
-            output_tensor = self.t.scale_loss(output_tensor)
+        if output_grad is None and self.scale_loss is not None:  # last stage, fp16
+            output_tensor = self.scale_loss(output_tensor)
         return run_backward(input_tensor, output_tensor, output_grad)
 
 
@@ -136,8 +173,9 @@ class Trainer:
         self.comp_total: Dict[str, Dict[str, int]] = {}   # --check-comp-ratio's running sum
         self.ckpt = CheckpointManager(args, self.progress, self.padded_vocab_size,
                                       self.tokenizer.vocab_size, self.topo)
-        self.ckpt.register("model", ModelState(self.model, self.optimizer, args.model), SHARD)
-        self.ckpt.register("optimizer", OptimizerState(self.optimizer, self.model), SHARD)
+        for name, state in (("model", ModelState(self.model, self.optimizer, args.model)),
+                            ("optimizer", OptimizerState(self.optimizer, self.model))):
+            self.ckpt.register(name, state, SHARD, gathers=state.gathers)
         self.ckpt.register("opt_param_scheduler", SchedulerState(self.scheduler), SHARD)
         self.ckpt.register("rng", RngState(), RANK)
         self.ckpt.register("pipeline_channels", self.channels)
@@ -238,35 +276,15 @@ class Trainer:
         from torch.utils.tensorboard import SummaryWriter
         return SummaryWriter(log_dir=d)
 
-    def lm_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Per-token cross entropy over the *real* vocabulary.
-
-        logits: (B, S, V/tp), this rank's vocabulary slice. Megatron pads the vocabulary to a
-        multiple of 128 x tp and lets the padding rows join the softmax; here their logits are
-        masked out, so the loss does not depend on the padding (a Hugging Face GPT-2 imported
-        with zero padding rows gives exactly Hugging Face's loss).
-        """
-        from megatron.core import tensor_parallel
-        logits = logits.float()
-        width = logits.size(-1)
-        real = self.tokenizer.vocab_size - self.topo.tp_rank * width
-        if real < width:   # this slice holds padding rows: decided on the host, from sizes
-            # the mask is made on the logits' device: no host tensor copied up per micro-batch
-            padded = torch.arange(width, device=logits.device) >= real
-            logits = logits.masked_fill(padded, float("-inf"))
-        count_cross_entropy(self.tp_channel, labels)
-        return tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
-
     # ---------------------------------------------------------------- one iteration
     def forward_backward(self, dataset, consumed: int, forward_only=False) -> StageStep:
-        step = StageStep(self, dataset, consumed, forward_only)
-        gpipe = self.args.compat.pp_mode == "gpipe"
-        exchange = SYNC   # GPipe's exchanges stay synchronous
-        if self.args.parallel.overlap_p2p_comm and not gpipe:
-            exchange = PREFETCH if prefetch_receives(self.channels.transport) else PAIRED
+        loss = partial(lm_loss, vocab_size=self.tokenizer.vocab_size, tp_rank=self.topo.tp_rank,
+                       tp_channel=self.tp_channel)
+        step = StageStep(self.model, self.topo, self.batches, loss, self.scale_loss,
+                         subspace.sends_coefficients(self.args), dataset, consumed, forward_only)
         forward_backward(step, self.channels, self.batches.num_microbatches, self.iteration,
                          self.topo.pp_rank, self.args.pp,
-                         Schedule(exchange, gpipe, forward_only, virtual_stages=self.args.vp))
+                         pipeline_schedule(self.args, self.channels.transport, forward_only))
         return step
 
     def _set_batch_size(self) -> None:

@@ -132,11 +132,11 @@ def test_lowrank_method_is_compressed_backprop(tiny_corpus):
     a = parse_args(_argv(tiny_corpus, **{"pipeline-model-parallel-size": 2,
                                          "backward-compress-method": "lowrank",
                                          "backward-rank": 3, "use-error-feedback": True}), 2)
-    assert a.compression.compressed_backprop and a.compression.cb_rank == 3
+    assert a.compression.compressed_backprop and a.compression.inter_grad_comp_rank == 3
     a = parse_args(_argv(tiny_corpus, **{"pipeline-model-parallel-size": 2,
                                          "inter-grad-comp": True,
                                          "backward-compress-method": "lowrank"}), 2)
-    assert a.compression.cb_rank == a.compression.inter_grad_comp_rank
+    assert a.compression.compressed_backprop
 
 
 def test_warmup_epochs_and_default_cache_size(tiny_corpus):

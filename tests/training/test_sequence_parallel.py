@@ -175,15 +175,15 @@ def test_pipeline_carries_the_shard(runs):
 
 @pytest.mark.parametrize("name", list(CODECS))
 def test_compressed_pp_bytes_are_the_shard_payloads(tiny_corpus, runs, name):
-    from megatron.cc.plan.pp_codecs import backward_codec, forward_codec
+    from megatron.cc.pp_methods import pp_codec
     from megatron.training.arguments import parse_args
     args = parse_args(tiny_gpt_argv(tiny_corpus, **CODECS[name]), world_size=4)
     shard = (S // 2, B, H)
     n = args.training.train_iters * M * 2
     totals = runs[name][1]
     raw = n * S // 2 * B * H * 4
-    for channel, codec in (("pp-fwd", forward_codec(args.compression)),
-                           ("pp-bwd", backward_codec(args.compression))):
+    for channel in ("pp-fwd", "pp-bwd"):
+        codec = pp_codec(args.compression, channel)
         one = codec.payload_nbytes(shard, torch.float32)
         assert totals[channel] == {"sent": n * one, "raw": raw, "messages": n}, channel
         assert one < shard[0] * B * H * 4

@@ -18,13 +18,9 @@ from megatron.training import topology, training
 NCCL_GROUP, GLOO_GROUP = object(), object()
 
 
-def _fake_trainer(transport_group):
-    args = types.SimpleNamespace(pp=2, vp=1, compat=types.SimpleNamespace(pp_mode="1f1b"),
+def _args():
+    return types.SimpleNamespace(vp=1, compat=types.SimpleNamespace(pp_mode="1f1b"),
                                  parallel=types.SimpleNamespace(overlap_p2p_comm=True))
-    return types.SimpleNamespace(
-        args=args, iteration=0, batches=types.SimpleNamespace(num_microbatches=4),
-        topo=types.SimpleNamespace(pp_rank=0),
-        channels=types.SimpleNamespace(transport=types.SimpleNamespace(group=transport_group)))
 
 
 @pytest.mark.parametrize("default,transport,prefetch", [
@@ -37,11 +33,9 @@ def test_prefetch_follows_the_pipeline_transport_backend(monkeypatch, default, t
                                                          prefetch):
     backends = {None: default, NCCL_GROUP: "nccl", GLOO_GROUP: "gloo"}
     monkeypatch.setattr(training.dist, "get_backend", lambda group=None: backends[group])
-    seen = {}
-    monkeypatch.setattr(training, "forward_backward", lambda *a: seen.update(
-        prefetch=a[-1].exchange == training.PREFETCH))
-    training.Trainer.forward_backward(_fake_trainer(transport), dataset=None, consumed=0)
-    assert seen == {"prefetch": prefetch}
+    link = types.SimpleNamespace(group=transport)
+    schedule = training.pipeline_schedule(_args(), link, forward_only=False)
+    assert (schedule.exchange == training.PREFETCH) == prefetch
 
 
 class _HostToDevice(TorchDispatchMode):
@@ -64,10 +58,7 @@ def _lm_loss(monkeypatch, logits, vocab, padded, tp_rank):
     from megatron.core import tensor_parallel
     # the masked logits themselves come back (the cross entropy is megatron-core's)
     monkeypatch.setattr(tensor_parallel, "vocab_parallel_cross_entropy", lambda l, y: l)
-    me = types.SimpleNamespace(padded_vocab_size=padded, tp_channel=None,
-                               topo=types.SimpleNamespace(tp_rank=tp_rank),
-                               tokenizer=types.SimpleNamespace(vocab_size=vocab))
-    return training.Trainer.lm_loss(me, logits, None)
+    return training.lm_loss(logits, None, vocab_size=vocab, tp_rank=tp_rank)
 
 
 @pytest.mark.parametrize("tp_rank", [0, 1])

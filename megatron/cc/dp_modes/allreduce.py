@@ -4,9 +4,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from megatron.cc.config_fields import ConfigError, flag
-from megatron.cc.dp_modes.base import DpMode
+from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode, exact_bytes
 from megatron.cc.grad_sync.overlap import OverlappedExactSync, OverlappedPowerSGDSync
-from megatron.cc.grad_sync.powersgd import PowerSGDDataParallelSync
+from megatron.cc.grad_sync.powersgd import PowerSGDDataParallelSync, worth_compressing
 from megatron.cc.grad_sync.randomized_svd import RandomizedSVDDataParallelSync
 from megatron.cc.grad_sync.sync import ExactDataParallelSync
 
@@ -21,7 +21,7 @@ class AllReduce(DpMode):
                "1-D tensors, small matrices and the embedding/output weights stay exact. "
                "No effect with data-parallel size 1 (nothing crosses the dp group).")
     grad_comp_rank: int = flag(128, "Rank r of the PowerSGD factors P (n x r) and Q (m x r) "
-                                    "(Optimus-CC paper: 128).")
+                                    "(Optimus-CC paper: 128).", low=1)
     grad_comp_warm_up: float = flag(
         0.1, "Fraction of --train-iters (from the start) that all-reduce gradients exactly "
              "before PowerSGD begins; in [0, 1).")
@@ -66,8 +66,6 @@ class AllReduce(DpMode):
         if k is not None and k < 1:
             raise ConfigError(f"--selective-grad-comp-way {k} must be >= 1 (values above the "
                               f"pipeline size {pp} compress every stage)")
-        if c.grad_comp_rank < 1:
-            raise ConfigError(f"--grad-comp-rank must be >= 1, got {c.grad_comp_rank}")
         if not 0.0 <= c.grad_comp_warm_up < 1.0:
             raise ConfigError(f"--grad-comp-warm-up is a fraction of --train-iters in [0, 1), "
                               f"got {c.grad_comp_warm_up}")
@@ -86,6 +84,27 @@ class AllReduce(DpMode):
     @staticmethod
     def profile(c) -> str:
         return "powersgd" if c.grad_comp else "none"
+
+    @staticmethod
+    def stage_bytes(c, params, layout, stage, iteration):
+        """Exact (sync.py) or, on the first k stages after the warm-up, PowerSGD (powersgd.py):
+        1-D, embedding/output and matrices where r (n + m) >= n m exact, the rest as P (n x r)
+        and Q (m x r); RandomizedSVD sends P and Q 1 + niter times."""
+        if c.emb_comm_opt and layout.pp > 1:   # fused: the emb channel carries the tied weight
+            params = [p for p in params if not p.shared_embedding]
+        warm = int(c.grad_comp_warm_up * layout.train_iters)
+        if stage >= c.compressed_stages(layout.pp) or (iteration is not None and iteration < warm):
+            return exact_bytes(params)
+        r, exact, lowrank = c.grad_comp_rank, 0, 0
+        for p in params:
+            if p.embedding_or_output or not worth_compressing(p.shape, r):
+                exact += p.numel
+            else:
+                lowrank += r * (p.shape[0] + p.numel // p.shape[0])
+        if c.grad_comp_type == "RandomizedSVD":
+            lowrank *= 1 + (1 if c.grad_comp_niter is None else c.grad_comp_niter)
+        return {"sent": GRAD_BYTES * (exact + lowrank), "messages": 1,
+                "raw": GRAD_BYTES * sum(p.numel for p in params)}
 
     @staticmethod
     def build(c, topo, stats, run):

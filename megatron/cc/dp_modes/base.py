@@ -7,6 +7,22 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Tuple
 
 
+GRAD_BYTES = 4   # fp32 main_grad / fp32 parameter deltas
+
+
+def exact_bytes(params) -> dict:
+    """An fp32 all-reduce of `params` (ParamSpecs) counted once per rank."""
+    n = GRAD_BYTES * sum(p.numel for p in params)
+    return {"sent": n, "raw": n, "messages": 1}
+
+
+def segment_sizes(params) -> dict:
+    """param_sync.param_segments on sizes: {segment: [numel, ...]}, the tied embedding apart."""
+    out = {"embedding": [p.numel for p in params if p.shared_embedding],
+           "params": [p.numel for p in params if not p.shared_embedding]}
+    return {k: v for k, v in out.items() if v}
+
+
 @dataclass
 class DpRun:
     """What a dp mode (or emb plug-in) needs from the run besides its flags and the Topology."""
@@ -44,6 +60,15 @@ class DpMode:
     def profile(cls, c) -> str:
         """Its row of the planner's codec-throughput table (megatron/cc/plan/step_time.py)."""
         return cls.name
+
+    @classmethod
+    def stage_bytes(cls, c, params, layout, stage: int, iteration: Optional[int]) -> dict:
+        """The planner's {sent, raw, messages} for one rank of `stage` at `iteration` (None:
+        the steady-state average), by the counting rule of the channel `build` returns;
+        `params`: the stage's plan.shapes.ParamSpec list."""
+        raise NotImplementedError(f"--dp-mode {cls.name}: its exchanges depend on which "
+                                  f"replicas are ready at run time; the cost model covers "
+                                  f"allreduce, cocktail_sgd, diloco and sparseloco")
 
     @staticmethod
     def check(c, pp: int, dp: int) -> None:

@@ -1,9 +1,10 @@
 """--dp-mode cocktail_sgd (alias cocktail): CocktailSGD's compressed parameter deltas in the
 sharded exchange, one step stale (megatron/cc/grad_sync/cocktail.py)."""
+import math
 from dataclasses import dataclass
 
 from megatron.cc.config_fields import ConfigError, flag
-from megatron.cc.dp_modes.base import DpMode
+from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode, exact_bytes, segment_sizes
 from megatron.cc.grad_sync.cocktail import CocktailSGDSync
 from megatron.cc.grad_sync.flat_codecs import make_flat_codec
 from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
@@ -23,6 +24,14 @@ def sharded_exchange(c, group, name: str, seed: int) -> ShardedExchange:
     return ShardedExchange(group, flat_codec(c, name, seed), flat_codec(c, name, seed))
 
 
+def sharded_exchange_bytes(numel: int, world: int, codec) -> int:
+    """ShardedExchange's count for one n-value vector: both phases' payloads over all shards,
+    halved (an all-reduce message), with shards of ceil(n / D) values."""
+    s = -(-numel // world)
+    payload = sum(math.prod(shape) * dt.itemsize for shape, dt in codec.flat_spec(s))
+    return (world * payload + world * payload) // 2
+
+
 @dataclass
 class CocktailSGD(DpMode):
     name = "cocktail_sgd"
@@ -34,7 +43,7 @@ class CocktailSGD(DpMode):
     cocktail_topk_ratio: float = flag(
         0.2, "cocktail_sgd: share of the subset kept by magnitude (top-k), in (0, 1].")
     cocktail_bits: int = flag(4, "cocktail_sgd (and --diloco-compression cocktail): bits per "
-                                 "kept value, 1..8.")
+                                 "kept value, 1..8.", low=1, high=8)
     cocktail_bucket_size: int = flag(
         128, "cocktail_sgd: kept values per 16-bit scale (also the bucket of int8/fixpoint-b).")
     cocktail_warmup_steps: int = flag(
@@ -50,8 +59,6 @@ class CocktailSGD(DpMode):
             if not 0.0 < getattr(c, name) <= 1.0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be in (0, 1], got "
                                   f"{getattr(c, name)}")
-        if not 1 <= c.cocktail_bits <= 8:
-            raise ConfigError(f"--cocktail-bits must be in 1..8, got {c.cocktail_bits}")
         if c.cocktail_bucket_size < 1 or c.cocktail_warmup_steps < 0:
             raise ConfigError("--cocktail-bucket-size must be >= 1 and --cocktail-warmup-steps "
                               ">= 0")
@@ -59,6 +66,20 @@ class CocktailSGD(DpMode):
     @staticmethod
     def profile(c) -> str:
         return "cocktail"
+
+    @staticmethod
+    def stage_bytes(c, params, layout, stage, iteration):
+        """Exact during the warm-up; then per segment of n values (the tied embedding apart) a
+        ShardedExchange of ceil(n / D)-value shards, counted (D P1 + D P2) / 2, one step late
+        when overlapped."""
+        if iteration is not None and iteration < c.cocktail_warmup_steps:
+            return exact_bytes(params)
+        if iteration == c.cocktail_warmup_steps and not c.cocktail_no_overlap:
+            return {"sent": 0, "raw": 0, "messages": 0}   # the first exchange is counted next step
+        codec = flat_codec(c, "cocktail")
+        sizes = [sum(v) for v in segment_sizes(params).values()]
+        return {"sent": sum(sharded_exchange_bytes(n, layout.dp, codec) for n in sizes),
+                "raw": GRAD_BYTES * sum(sizes), "messages": 1}
 
     @staticmethod
     def build(c, topo, stats, run):

@@ -2,18 +2,19 @@
 exact or through a sharded-exchange codec; Streaming DiLoCo's fragments and sync delay
 (megatron/cc/grad_sync/diloco.py). DiLoCoLoop's flags are SparseLoCo's too."""
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from megatron.cc.config_fields import ConfigError, flag
-from megatron.cc.dp_modes.base import DpMode
-from megatron.cc.dp_modes.cocktail_sgd import sharded_exchange
-from megatron.cc.grad_sync.diloco import DiLoCoSync
+from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode, segment_sizes
+from megatron.cc.dp_modes.cocktail_sgd import flat_codec, sharded_exchange, sharded_exchange_bytes
+from megatron.cc.grad_sync.diloco import DiLoCoSync, split_fragments
 from megatron.cc.grad_sync.flat_codecs import parse_fixpoint_bits
 
 
 @dataclass
 class DiLoCoLoop(DpMode):
     diloco_inner_steps: int = flag(100, "diloco, sparseloco: H, local optimizer steps between "
-                                        "outer steps (SparseLoCo's paper runs 15).")
+                                        "outer steps (SparseLoCo's paper runs 15).", low=1)
     diloco_fragments: int = flag(
         1, "diloco, sparseloco: Streaming DiLoCo, the stage's layers cut into F fragments "
            "synchronised in turn every H/F steps (--diloco-inner-steps must be divisible by "
@@ -26,8 +27,6 @@ class DiLoCoLoop(DpMode):
 
     @staticmethod
     def check(c, pp: int, dp: int) -> None:
-        if c.diloco_inner_steps < 1:
-            raise ConfigError(f"--diloco-inner-steps must be >= 1, got {c.diloco_inner_steps}")
         if c.diloco_fragments < 1 or c.diloco_inner_steps % c.diloco_fragments:
             raise ConfigError(f"--diloco-fragments {c.diloco_fragments} must be >= 1 and "
                               f"divide --diloco-inner-steps {c.diloco_inner_steps}")
@@ -35,6 +34,30 @@ class DiLoCoLoop(DpMode):
             raise ConfigError(f"--diloco-sync-delay {c.diloco_sync_delay} must be >= 0 and "
                               f"smaller than --diloco-inner-steps / --diloco-fragments "
                               f"({c.diloco_inner_steps // c.diloco_fragments})")
+
+    @classmethod
+    def stage_bytes(cls, c, params, layout, stage, iteration):
+        """Per fragment at its sync (`fragment_bytes`): the fragments due at `iteration`
+        (counted tau steps after their sync), or the H-period average when iteration is None;
+        fragments from diloco.py's own `split_fragments`."""
+        H, F, tau = c.diloco_inner_steps, c.diloco_fragments, c.diloco_sync_delay
+        segments = {k: [SimpleNamespace(numel=lambda n=n: n) for n in v]
+                    for k, v in segment_sizes(params).items()}
+        sizes = [sum(p.numel() for p in f) for f in split_fragments(segments, F)]
+        if iteration is None:
+            counted, scale = range(F), 1.0 / H
+        else:
+            step = iteration + 1 - tau   # the sync step whose bytes are counted now
+            counted = DiLoCoSync.due(SimpleNamespace(F=F, H=H), step) if step > 0 else []
+            scale = 1
+        sent = sum(cls.fragment_bytes(c, sizes[f], layout.dp) for f in counted) * scale
+        raw = sum(GRAD_BYTES * sizes[f] * H for f in counted) * scale
+        return {"sent": sent, "raw": raw, "messages": len(counted) * scale}
+
+    @staticmethod
+    def fragment_bytes(c, numel: int, world: int) -> int:
+        """What one sync of a `numel`-value fragment counts."""
+        raise NotImplementedError
 
     @staticmethod
     def reduce_group(c, topo):
@@ -64,6 +87,13 @@ class DiLoCo(DiLoCoLoop):
     def profile(c) -> str:
         name = c.diloco_compression
         return name if name in ("none", "fp16", "int8", "cocktail") else "fixpoint-b"
+
+    @staticmethod
+    def fragment_bytes(c, numel: int, world: int) -> int:
+        """4 n exact, else the ShardedExchange's count."""
+        if c.diloco_compression == "none":
+            return GRAD_BYTES * numel
+        return sharded_exchange_bytes(numel, world, flat_codec(c, c.diloco_compression))
 
     @staticmethod
     def check(c, pp: int, dp: int) -> None:

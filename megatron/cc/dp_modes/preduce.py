@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from megatron.cc.config_fields import ConfigError, flag
+from megatron.cc.config_fields import flag
 from megatron.cc.dp_modes.base import DpMode
 from megatron.cc.grad_sync.preduce import PartialReduceSync
 from megatron.cc.grad_sync.preduce_sched import schedule_of
@@ -28,7 +28,7 @@ class PReduce(DpMode):
     ssp_bound: int = flag(
         10, "preduce: every ssp-bound-th round of a replica (dp x ssp-bound updates of the "
             "stage), and the last, averages all replicas of the stage (1: every round, i.e. "
-            "all-reduce).")
+            "all-reduce).", low=1)
     preduce_scope: str = flag(
         "stage", "preduce: stage (SD-PIPE): the replicas of each pipeline stage form groups on "
                  "a scheduler of their own, independently of the other stages (the first "
@@ -40,11 +40,6 @@ class PReduce(DpMode):
                 "together; pairwise: pairs in dp-rank order (an odd last one stays alone); "
                 "auto: pairwise above 8 replicas per stage, as SD-PIPE.",
         choices=["auto", "window", "pairwise"])
-
-    @staticmethod
-    def check(c, pp: int, dp: int) -> None:
-        if c.ssp_bound < 1:
-            raise ConfigError(f"--ssp-bound must be >= 1, got {c.ssp_bound}")
 
     @staticmethod
     def build(c, topo, stats, run):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from megatron.cc.compress.chunk_topk import ChunkTopKCodec
 from megatron.cc.config_fields import ConfigError, flag
 from megatron.cc.dp_modes.diloco import DiLoCoLoop
-from megatron.cc.grad_sync.sparseloco import SparseLoCoSync
+from megatron.cc.grad_sync.sparseloco import SparseLoCoSync, sync_bytes
 
 
 @dataclass
@@ -27,10 +27,16 @@ class SparseLoCo(DiLoCoLoop):
     sparseloco_chunk_size: int = flag(
         4096, "sparseloco: C, values per top-k chunk of the flat pseudo-gradient; a kept "
               "position costs ceil(log2 C) bits (12 at 4096). Must divide the tied "
-              "embedding's size.")
+              "embedding's size.", low=1)
     sparseloco_bits: int = flag(
         2, "sparseloco: bits per kept value, 1..8 (--quant-scheme), one 16-bit scale per "
-           "chunk.")
+           "chunk.", low=1, high=8)
+
+    @staticmethod
+    def fragment_bytes(c, numel: int, world: int) -> int:
+        """sparseloco.sync_bytes (all-gather, D P / 2)."""
+        codec = ChunkTopKCodec(c.sparseloco_density, c.sparseloco_chunk_size, c.sparseloco_bits)
+        return sync_bytes(numel, world, codec)
 
     @staticmethod
     def check(c, pp: int, dp: int) -> None:
@@ -38,11 +44,6 @@ class SparseLoCo(DiLoCoLoop):
         if not 0.0 < c.sparseloco_density <= 1.0:
             raise ConfigError(f"--sparseloco-density must be in (0, 1], got "
                               f"{c.sparseloco_density}")
-        if c.sparseloco_chunk_size < 1:
-            raise ConfigError(f"--sparseloco-chunk-size must be >= 1, got "
-                              f"{c.sparseloco_chunk_size}")
-        if not 1 <= c.sparseloco_bits <= 8:
-            raise ConfigError(f"--sparseloco-bits must be in 1..8, got {c.sparseloco_bits}")
         if not 0.0 <= c.sparseloco_error_decay <= 1.0:
             raise ConfigError(f"--sparseloco-error-decay must be in [0, 1], got "
                               f"{c.sparseloco_error_decay}")

@@ -27,7 +27,6 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from megatron.cc.compress.lowrank import orthogonalize_
 from megatron.cc.grad_sync.channel import SyncChannel
 from megatron.cc.grad_sync.powersgd import PowerSGDDataParallelSync
 from megatron.cc.grad_sync.sync import (ExactDataParallelSync, check_ddp_supported,
@@ -258,10 +257,7 @@ class OverlappedPowerSGDSync(PowerSGDDataParallelSync, _Overlapped):
             return
         for j in members:   # first half of PowerSGD for this bucket's matrices
             name, M = self._compress[j]
-            if name in self.errors:
-                M.add_(self.errors[name])
-            orthogonalize_(self._qs[j], self.eps)
-            torch.mm(M, self._qs[j], out=self._ps[j])
+            self._project(name, M, self._ps[j], self._qs[j])
         self._pending_p[i] = dist.all_reduce(self._flat_range(self._p_flat, self._ps, members), group=self.group,
                                              async_op=True)
 
@@ -287,10 +283,8 @@ class OverlappedPowerSGDSync(PowerSGDDataParallelSync, _Overlapped):
             members = self._buckets[i][1]
             q_prev = []
             for j in members:
-                _, M = self._compress[j]
-                orthogonalize_(self._ps[j], self.eps)
                 q_prev.append(self._qs[j].clone())
-                torch.mm(M.t(), self._ps[j], out=self._qs[j])
+                self._back_project(self._compress[j][1], self._ps[j], self._qs[j])
             q_works.append((dist.all_reduce(self._flat_range(self._q_flat, self._qs, members),
                                             group=self.group, async_op=True), members, q_prev))
         post = self._factor * self.world
@@ -298,15 +292,8 @@ class OverlappedPowerSGDSync(PowerSGDDataParallelSync, _Overlapped):
             self._wait([work])
             for j, Q_prev in zip(members, q_prev):
                 name, M = self._compress[j]
-                P, Q = self._ps[j], self._qs[j]
-                Q.div_(self.world)
-                M_hat = P @ Q.t()
-                if name not in self.errors:
-                    self.errors[name] = torch.empty_like(M)
-                torch.sub(M, M_hat, out=self.errors[name])
-                M.copy_(M_hat if post == 1.0 else M_hat.mul_(post))
-                dead = torch.linalg.vector_norm(Q, dim=0) == 0   # as the parent: keep warm start
-                Q.copy_(torch.where(dead, Q_prev, Q))
+                self._qs[j].div_(self.world)
+                self._rebuild(name, M, self._ps[j], self._qs[j], Q_prev, post)
         for work, flat, members in self._exact_works:
             self._wait([work])
             offset = 0

@@ -145,31 +145,45 @@ class PowerSGDDataParallelSync(SyncChannel):
     def _powersgd(self, compress: NamedMatrices, post: float) -> int:
         self.init_state(compress)
         Ps, Qs = self._views(compress)
-        for name, M in compress:
-            if name in self.errors:
-                M.add_(self.errors[name])
-        for (_, M), P, Q in zip(compress, Ps, Qs):
-            orthogonalize_(Q, self.eps)
-            torch.mm(M, Q, out=P)
+        for (name, M), P, Q in zip(compress, Ps, Qs):
+            self._project(name, M, P, Q)
         q_prev = self._q_flat.clone()
         dist.all_reduce(self._p_flat, group=self.group)
         for (_, M), P, Q in zip(compress, Ps, Qs):
-            orthogonalize_(P, self.eps)
-            torch.mm(M.t(), P, out=Q)
+            self._back_project(M, P, Q)
         dist.all_reduce(self._q_flat, group=self.group)
         self._q_flat.div_(self.world)
         for (name, M), P, Q, Q_prev in zip(compress, Ps, Qs, self._views(compress, q_prev)[1]):
-            M_hat = P @ Q.t()
-            if name not in self.errors:
-                self.errors[name] = torch.empty_like(M)
-            torch.sub(M, M_hat, out=self.errors[name])
-            M.copy_(M_hat if post == 1.0 else M_hat.mul_(post))
-            # A Q column that came out exactly zero (zero gradient on every replica) would stay
-            # zero forever; keep the previous one so the warm start survives. Same on all ranks.
-            dead = torch.linalg.vector_norm(Q, dim=0) == 0
-            Q.copy_(torch.where(dead, Q_prev, Q))
+            self._rebuild(name, M, P, Q, Q_prev, post)
         return (self._p_flat.numel() * self._p_flat.element_size()
                 + self._q_flat.numel() * self._q_flat.element_size())
+
+    # one matrix's steps, in order: the all-reduce of P after the first, of Q after the second
+    def _project(self, name: str, M, P, Q) -> None:
+        """M += E (error feedback); Q orthonormalised; P = M Q."""
+        if name in self.errors:
+            M.add_(self.errors[name])
+        orthogonalize_(Q, self.eps)
+        torch.mm(M, Q, out=P)
+
+    def _back_project(self, M, P, Q) -> None:
+        """P (summed) orthonormalised; Q = M^T P."""
+        orthogonalize_(P, self.eps)
+        torch.mm(M.t(), P, out=Q)
+
+    def _rebuild(self, name: str, M, P, Q, Q_prev, post: float) -> None:
+        """Q averaged: M <- P Q^T x post, E <- M - P Q^T. A Q column that came out exactly
+        zero (zero gradient on every replica) would stay zero forever; the previous one
+        (Q_prev; None: no warm start) is kept so the warm start survives. Same on all ranks."""
+        M_hat = P @ Q.t()
+        if name not in self.errors:
+            self.errors[name] = torch.empty_like(M)
+        torch.sub(M, M_hat, out=self.errors[name])
+        M.copy_(M_hat if post == 1.0 else M_hat.mul_(post))
+        if Q_prev is None:
+            return
+        dead = torch.linalg.vector_norm(Q, dim=0) == 0
+        Q.copy_(torch.where(dead, Q_prev, Q))
 
     def _views(self, compress: NamedMatrices, q_flat=None):
         q_flat = self._q_flat if q_flat is None else q_flat

@@ -82,7 +82,20 @@ def _average(params: List[torch.Tensor], group, size: int) -> int:
     return flat.numel() * flat.element_size()
 
 
-class PartialReduceSync(SyncChannel):
+class _Averaging(SyncChannel):
+    """Replicas average weights after their optimizer step, each at its own pace (`_sync`)."""
+    lockstep = False
+
+    def __call__(self, model, iteration: int) -> None:
+        pass   # local gradients: nothing crosses the dp group before the optimizer step
+
+    def after_optimizer_step(self, model, iteration: int) -> None:
+        t0 = time.perf_counter()
+        self._sync(model, iteration)
+        self.stats.observe("dp wait ms", (time.perf_counter() - t0) * 1000)
+
+
+class PartialReduceSync(_Averaging):
     """dp mode `preduce`.
 
     Args:
@@ -95,7 +108,6 @@ class PartialReduceSync(SyncChannel):
         pairwise: window arrivals pair up (True), average together (False), or the seed's
             rule (None: pairwise above dp 8).
     """
-    lockstep = False
 
     def __init__(self, dp_group, stats: ChannelStats, store, decider: bool, ssp_bound: int = 10,
                  total_iters: int = 0, schedule: int = 0, pairwise: Optional[bool] = None):
@@ -109,9 +121,6 @@ class PartialReduceSync(SyncChannel):
         self.ssp_bound, self.total_iters = ssp_bound, total_iters
         # the latest rounds' (window id or -1, group), for tests and inspection
         self.rounds: Deque[Tuple[int, List[int]]] = deque(maxlen=4096)
-
-    def __call__(self, model, iteration: int) -> None:
-        pass   # local gradients: nothing crosses the dp group before the optimizer step
 
     def connected(self, iteration: int) -> bool:
         """The staleness bound: every ssp_bound-th round, and the last, averages everyone."""
@@ -131,11 +140,6 @@ class PartialReduceSync(SyncChannel):
         k, group = self.store.get(key).decode().split(":")
         return int(k), [int(m) for m in group.split(",")]
 
-    def after_optimizer_step(self, model, iteration: int) -> None:
-        t0 = time.perf_counter()
-        self._sync(model, iteration)
-        self.stats.observe("dp wait ms", (time.perf_counter() - t0) * 1000)
-
     def _sync(self, model, iteration: int) -> None:
         window, members = self.members(iteration)
         self.rounds.append((window, members))
@@ -148,9 +152,8 @@ class PartialReduceSync(SyncChannel):
         self.stats.add("dp", sent, raw)
 
 
-class ADPSGDSync(SyncChannel):
+class ADPSGDSync(_Averaging):
     """dp mode `adpsgd`: pairs from a permutation seeded by (seed, iteration) average weights."""
-    lockstep = False
 
     def __init__(self, dp_group, stats: ChannelStats, seed: int = 0):
         self.stats, self.seed = stats, seed
@@ -166,14 +169,6 @@ class ADPSGDSync(SyncChannel):
         if pos == self.dp - 1 and self.dp % 2:
             return None
         return perm[pos ^ 1]
-
-    def __call__(self, model, iteration: int) -> None:
-        pass
-
-    def after_optimizer_step(self, model, iteration: int) -> None:
-        t0 = time.perf_counter()
-        self._sync(model, iteration)
-        self.stats.observe("dp wait ms", (time.perf_counter() - t0) * 1000)
 
     def _sync(self, model, iteration: int) -> None:
         params = [p for ps_ in param_segments(model).values() for p in ps_]

@@ -81,11 +81,7 @@ class RandomizedSVDDataParallelSync(PowerSGDDataParallelSync):
         dec = record(self.speed, "dp", "decomp", self._p_flat, raw)
         with dec:
             for (name, M), P, B in zip(compress, Ps, Qs):
-                M_hat = P @ B.t()
-                if name not in self.errors:
-                    self.errors[name] = torch.empty_like(M)
-                torch.sub(M, M_hat, out=self.errors[name])
-                M.copy_(M_hat if post == 1.0 else M_hat.mul_(post))
+                self._rebuild(name, M, P, B, None, post)
         dec.done()
         per_round = (self._p_flat.numel() * self._p_flat.element_size()
                      + self._q_flat.numel() * self._q_flat.element_size())

@@ -158,12 +158,12 @@ def _group_scale_kernel(x_ptr, out_ptr, ratio_ptr, n_rise, n_tread, refits,
 
 def _ratios(device) -> tuple[torch.Tensor, int, int]:
     """(ratios, n_rise, n_tread): the clipping ladders of quant._fit_scales for the mid-rise
-    grid (_FIT_RATIOS) then the mid-tread grid (_TREAD_RATIOS, where quant.py has one), each
+    grid (_FIT_RATIOS) then the mid-tread grid (_TREAD_RATIOS), each
     as [1, ladder[1:]] (the first candidate is max|x| itself, whatever ladder[0] says), fp32
     on `device`. Read at call time, so edits of the module constants apply; cached per
     (device, values): no host-to-device copy per message."""
     rise = tuple(quant._FIT_RATIOS)
-    tread = tuple(getattr(quant, "_TREAD_RATIOS", rise))
+    tread = tuple(quant._TREAD_RATIOS)
     key = (str(device), rise, tread)
     if key not in _RATIO_CACHE:
         _RATIO_CACHE[key] = torch.tensor([1.0, *rise[1:], 1.0, *tread[1:]],

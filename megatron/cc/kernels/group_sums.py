@@ -84,7 +84,7 @@ def mean_scales(x, bits, granularity, group_size, scale_dtype, scheme) -> torch.
 
 def fit_scales(x, bits, granularity, group_size, scale_dtype) -> torch.Tensor:
     """quant._fit_scales with the kernels' summation order (bits >= 2): per grid (mid-rise with
-    _FIT_RATIOS, then mid-tread with _TREAD_RATIOS where quant.py has them) the ladder of
+    _FIT_RATIOS, then mid-tread with _TREAD_RATIOS) the ladder of
     clipping ratios and the least-squares refits; a mid-tread winner (strictly better) is
     stored negated."""
     xg, valid = groups(x, granularity, group_size)
@@ -97,7 +97,7 @@ def fit_scales(x, bits, granularity, group_size, scale_dtype) -> torch.Tensor:
 
     best_s = best_err = None
     rise = quant._FIT_RATIOS
-    tread = getattr(quant, "_TREAD_RATIOS", rise)
+    tread = quant._TREAD_RATIOS
     for (c0, lps), ratios in ((quant.grid(bits, "absmax"), rise),
                               (quant.grid(bits, "seed"), tread)):
         def levels(s):

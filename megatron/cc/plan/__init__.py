@@ -4,7 +4,6 @@ Pure Python over the codecs' own size formulas: no process groups, no tensors on
 
     shapes.py         ModelShape (the GPT/Llama families the driver builds) and Layout (tp, pp,
                       dp, micro-batches): every parameter of every stage, per tensor-parallel rank
-    pp_codecs.py      the pipeline codecs a CompressionConfig selects (built as the driver does)
     channel_bytes.py  per channel (pp-fwd, pp-bwd, dp, emb) the bytes one iteration puts on the
                       wire, summed over ranks: exactly what the training log line prints
     dp_bytes.py       the dp channel of every --dp-mode / --grad-comp reducer

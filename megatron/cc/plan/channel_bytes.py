@@ -21,7 +21,7 @@ from megatron.cc.grad_sync.powersgd import worth_compressing
 from megatron.cc.plan.dp_bytes import dp_bytes, embedding_grad_bytes
 from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
 from megatron.cc.p2p import Message
-from megatron.cc.pp_methods import LinkEnd, pp_codec, pp_method, pp_warmup_iters
+from megatron.cc.pp_methods import LinkEnd, pp_codec, pp_method
 from megatron.cc.stats import CHANNELS
 
 Totals = Dict[str, Dict[str, float]]
@@ -151,7 +151,7 @@ def channel_bytes(m: ModelShape, layout: Layout, c, iteration: Optional[int] = N
     it = STEADY if iteration is None else iteration
     out: Totals = {}
     if layout.pp > 1:
-        warm = pp_warmup_iters(c, iters_per_epoch) if iteration is not None else 0
+        warm = c.compress_warmup.iters(iters_per_epoch) if iteration is not None else 0
         for channel in ("pp-fwd", "pp-bwd"):
             out[channel] = _pp_bytes(m, layout, c, channel, it, warm)
     dp = dp_bytes(m, layout, c, iteration)

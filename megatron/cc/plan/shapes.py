@@ -200,8 +200,3 @@ def stage_params(m: ModelShape, tp: int, pp: int, stage: int) -> List[ParamSpec]
         if m.output_layer_bias:
             out.append(ParamSpec("output_layer.bias", (V,), True))
     return out
-
-
-def shared_weight(params: List[ParamSpec]) -> Optional[ParamSpec]:
-    """The stage's copy of the tied embedding, or None (middle stages, untied models)."""
-    return next((p for p in params if p.shared_embedding), None)

@@ -6,12 +6,11 @@ A plug-in (base.PpMethod) owns its flags as dataclass fields, their checks (`che
 every plug-in, and CompressionConfig inherits PpConfig, so each field keeps its flat flag and
 `args.compression.<field>`. Adding a method: a file here and a line in FWD or BWD.
 """
-import math
 from dataclasses import dataclass
 from typing import Optional
 
 from megatron.cc.config_fields import ConfigError, flag
-from megatron.cc.pp_methods.base import LinkEnd, PpMethod
+from megatron.cc.pp_methods.base import LinkEnd, PpMethod, Warmup
 from megatron.cc.pp_methods.delta import Delta
 from megatron.cc.pp_methods.delta_lowbits import DeltaLowbits
 from megatron.cc.pp_methods.fixpoint import Fixpoint
@@ -24,7 +23,7 @@ FWD = {m.name: m for m in (PpMethod, Fixpoint, Delta, DeltaLowbits, TAH, Subspac
 BWD = {m.name: m for m in (PpMethod, FixpointBackward, LowRank, Subspace)}
 
 __all__ = ["BWD", "FWD", "LinkEnd", "LowRank", "PpConfig", "Subspace", "pp_codec", "pp_link",
-           "pp_method", "pp_warmup_iters"]
+           "pp_method", "Warmup"]
 
 
 @dataclass
@@ -54,11 +53,12 @@ class PpChannel:   # the flags both pipeline channels share
                   "CocktailSGD grid: 2^b codes from -2^(b-1) to 2^(b-1)-1 times max|x|/2^(b-1); "
                   "1 bit = sign x RMS). Stochastic rounding always scales by max|x|.",
         choices=["fitted", "absmax", "seed"])
-    warmup_epochs: float = flag(
-        0.0, "Pipeline channels send uncompressed (activation caches fill) for this many "
-             "epochs of the training split; converted to whole iterations.")
-    compress_warmup_iters: int = flag(
-        0, "The same warm-up counted in iterations (give this or --warmup-epochs).")
+    compress_warmup: Warmup = flag(Warmup(), "Pipeline channels send uncompressed at first "
+                                   "(base.Warmup).", spellings={
+        "--compress-warmup-iters": (Warmup.in_iters, "Pipeline channels send uncompressed for "
+                                    "this many iterations (give this or --warmup-epochs)."),
+        "--warmup-epochs": (Warmup.in_epochs, "The same warm-up in epochs of the training "
+                            "split (activation caches fill); converted to whole iterations.")})
 
 
 @dataclass
@@ -73,10 +73,6 @@ class PpConfig(*reversed([m for m in dict.fromkeys((*FWD.values(), *BWD.values()
         return self.backward_compress_method == "lowrank"
 
     @property
-    def cb_rank(self) -> int:
-        return self.inter_grad_comp_rank
-
-    @property
     def activation_cache(self) -> bool:
         """The fwd codec keeps a per-sample cache (keyed by dataset index across epochs)."""
         return FWD[self.forward_compress_method].caches
@@ -84,7 +80,8 @@ class PpConfig(*reversed([m for m in dict.fromkeys((*FWD.values(), *BWD.values()
     @property
     def uses_epochs(self) -> bool:
         """Training revisits a fixed set of samples epoch after epoch (see the Trainer)."""
-        return self.activation_cache or self.warmup_epochs > 0
+        w = self.compress_warmup
+        return self.activation_cache or (w.unit == "epochs" and w.amount > 0)
 
     def validate_pipeline_codecs(self, pp: int) -> None:
         fwd, bwd = self.forward_compress_method, self.backward_compress_method
@@ -95,11 +92,8 @@ class PpConfig(*reversed([m for m in dict.fromkeys((*FWD.values(), *BWD.values()
                               f"--pipeline-model-parallel-size 1 nothing does")
         for plugin in (*FWD.values(), *BWD.values()):   # every method's values, whichever is on
             plugin.check(self, pp)
-        if self.warmup_epochs < 0 or self.compress_warmup_iters < 0:
-            raise ConfigError("--warmup-epochs and --compress-warmup-iters must be >= 0")
-        if self.warmup_epochs and self.compress_warmup_iters:
-            raise ConfigError(f"--warmup-epochs {self.warmup_epochs} and --compress-warmup-iters "
-                              f"{self.compress_warmup_iters} both set the warm-up; give one")
+        if self.compress_warmup.amount < 0:
+            raise ConfigError(f"{self.compress_warmup} must be >= 0")
         quantised = FWD[fwd].quantises or BWD[bwd].quantises or self.dp_plugin.quantises
         if self.stochastic_rounding and not quantised:
             raise ConfigError("--stochastic-rounding changes the fixpoint / delta quantisers, "
@@ -126,14 +120,3 @@ def pp_link(c, spec: LinkEnd):
 def pp_codec(c, channel: str, spec: Optional[LinkEnd] = None):
     """The codec of `channel` (None: uncompressed); the default spec sizes it (the planner)."""
     return pp_method(c, channel).codec(c, spec or LinkEnd(channel))
-
-
-def pp_warmup_iters(c, iters_per_epoch: Optional[int] = None) -> int:
-    """Iterations whose pipeline messages go uncompressed (--compress-warmup-iters, or
-    --warmup-epochs x iterations per epoch, rounded up)."""
-    if not c.warmup_epochs:
-        return c.compress_warmup_iters
-    if iters_per_epoch is None:
-        raise ConfigError("--warmup-epochs needs the iterations per epoch of the training "
-                          "split; give --compress-warmup-iters instead")
-    return math.ceil(c.warmup_epochs * iters_per_epoch)

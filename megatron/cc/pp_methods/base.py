@@ -2,12 +2,52 @@
 --backward-compress-method). Its flags are the dataclass fields of a PpMethod subclass, which
 CompressionConfig inherits (flags and `args.compression.<field>` stay flat); `check`, `codec`
 and `policy` are static and take that composed config `c`."""
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Tuple
 
+from megatron.cc.config_fields import ConfigError
 from megatron.cc.p2p import Link
 from megatron.cc.policy import WarmupPolicy
 from megatron.cc.speed import TimedCodec
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """The pipeline channels' uncompressed warm-up, one field however it was spelled:
+    --compress-warmup-iters N, or --warmup-epochs E of the training split (caches fill)."""
+    amount: float = 0
+    unit: str = "iters"   # or "epochs"
+
+    @classmethod
+    def in_iters(cls, text: str) -> "Warmup":
+        return cls(int(text), "iters")
+
+    @classmethod
+    def in_epochs(cls, text: str) -> "Warmup":
+        return cls(float(text), "epochs")
+
+    def __str__(self) -> str:   # as given on the command line
+        return f"--{'compress-warmup-iters' if self.unit == 'iters' else 'warmup-epochs'} " \
+               f"{self.amount}"
+
+    def then(self, later: "Warmup") -> "Warmup":
+        """This warm-up, then `later` given on the command line: the same spelling replaces it,
+        the other spelling at 0 leaves it, a second nonzero warm-up is refused."""
+        if later.unit == self.unit or not self.amount:
+            return later
+        if later.amount:
+            raise ConfigError(f"{self} and {later} both set the warm-up; give one")
+        return self
+
+    def iters(self, iters_per_epoch: Optional[int] = None) -> int:
+        """Iterations whose pipeline messages go uncompressed (epochs rounded up)."""
+        if self.unit == "iters" or not self.amount:
+            return int(self.amount)
+        if iters_per_epoch is None:
+            raise ConfigError("--warmup-epochs needs the iterations per epoch of the training "
+                              "split; give --compress-warmup-iters instead")
+        return math.ceil(self.amount * iters_per_epoch)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """--forward-compress-method delta-lowbits: delta with the cache itself at b bits (AC-SGD)."""
 from dataclasses import dataclass
 
-from megatron.cc.config_fields import ConfigError, flag
+from megatron.cc.config_fields import flag
 from megatron.cc.pp_methods.delta import Delta
 
 
@@ -10,12 +10,7 @@ class DeltaLowbits(Delta):
     name = "delta-lowbits"
     forward_bits_act: int = flag(
         8, "delta-lowbits: bits per value of the cached activations (1..8), one 16-bit scale "
-           "per (sample, channel) as AC-SGD (whose default is 4).")
-
-    @staticmethod
-    def check(c, pp: int) -> None:
-        if not 1 <= c.forward_bits_act <= 8:
-            raise ConfigError(f"--forward-bits-act must be in 1..8, got {c.forward_bits_act}")
+           "per (sample, channel) as AC-SGD (whose default is 4).", low=1, high=8)
 
     @staticmethod
     def cache_kw(c) -> dict:

@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 
 from megatron.cc.compress import get_codec
-from megatron.cc.config_fields import ConfigError, flag
+from megatron.cc.config_fields import flag
 from megatron.cc.pp_methods.base import PpMethod
 
 
@@ -10,12 +10,8 @@ from megatron.cc.pp_methods.base import PpMethod
 class Fixpoint(PpMethod):
     name = "fixpoint"
     quantises = True
-    forward_bits: int = flag(4, "Bits per value of fixpoint / delta activations (1..8).")
-
-    @staticmethod
-    def check(c, pp: int) -> None:
-        if not 1 <= c.forward_bits <= 8:
-            raise ConfigError(f"--forward-bits must be in 1..8, got {c.forward_bits}")
+    forward_bits: int = flag(4, "Bits per value of fixpoint / delta activations (1..8).",
+                             low=1, high=8)
 
     @staticmethod
     def codec(c, spec):

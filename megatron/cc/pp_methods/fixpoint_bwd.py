@@ -12,15 +12,13 @@ from megatron.cc.pp_methods.base import PpMethod
 class FixpointBackward(PpMethod):
     name = "fixpoint"
     quantises = True
-    backward_bits: int = flag(8, "Bits per value of fixpoint gradients (1..8).")
+    backward_bits: int = flag(8, "Bits per value of fixpoint gradients (1..8).", low=1, high=8)
     backward_tile_size: Optional[int] = flag(
         None, "fixpoint gradients: one scale per tile of this many hidden values (a power of "
               "two; TAH-Quant runs 32); default one scale per hidden channel.")
 
     @staticmethod
     def check(c, pp: int) -> None:
-        if not 1 <= c.backward_bits <= 8:
-            raise ConfigError(f"--backward-bits must be in 1..8, got {c.backward_bits}")
         bwd, t = c.backward_compress_method, c.backward_tile_size
         if c.inter_grad_comp and bwd == "fixpoint":
             raise ConfigError("--inter-grad-comp (low-rank CB) and --backward-compress-method "

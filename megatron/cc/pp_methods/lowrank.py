@@ -22,11 +22,12 @@ class LowRank(PpMethod):
         False, "Compress the activation gradients sent back between pipeline stages with one "
                "PowerSGD step (low-rank P, Q; Q warm-started across messages).")
     inter_grad_comp_rank: int = flag(12, "Rank r of the CB factors (paper runs 16). Ratio in "
-                                         "elements = n*m / (r*(n+m)); r >= min(n, m) is exact.")
+                                         "elements = n*m / (r*(n+m)); r >= min(n, m) is exact.",
+                                     low=1)
     inter_grad_comp_power_iters: int = flag(
         1, "Power steps per CB message (ours; the paper does 1). Each extra step costs two "
            "local matmuls on the sender and no bytes, and brings P Q^T closer to the best "
-           "rank-r approximation of the gradient.")
+           "rank-r approximation of the gradient.", low=1)
     inter_grad_comp_warm_up: float = flag(
         0.0, "Fraction of --train-iters (from the start) whose backward sends go uncompressed.")
     inter_grad_comp_epilogue_only: bool = flag(
@@ -93,12 +94,6 @@ class LowRank(PpMethod):
         if c.inter_grad_comp_type != "PowerSGD" and not c.compressed_backprop:
             raise ConfigError("--inter-grad-comp-type configures --inter-grad-comp; add "
                               "--inter-grad-comp (or drop --inter-grad-comp-type)")
-        if c.inter_grad_comp_rank < 1:
-            raise ConfigError(f"--inter-grad-comp-rank must be >= 1, got "
-                              f"{c.inter_grad_comp_rank}")
-        if c.inter_grad_comp_power_iters < 1:
-            raise ConfigError(f"--inter-grad-comp-power-iters must be >= 1, got "
-                              f"{c.inter_grad_comp_power_iters}")
         if not 0.0 <= c.inter_grad_comp_warm_up < 1.0:
             raise ConfigError(f"--inter-grad-comp-warm-up is a fraction of --train-iters in "
                               f"[0, 1), got {c.inter_grad_comp_warm_up}")

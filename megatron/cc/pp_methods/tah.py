@@ -10,17 +10,14 @@ from megatron.cc.pp_methods.base import PpMethod
 class TAH(PpMethod):
     name = "tah"
     tile_size: int = flag(64, "tah: tile width along the hidden dim (a power of two, 2..256).")
-    high_precision_bits: int = flag(4, "tah: bits of the high-entropy tokens (1..8).")
-    low_precision_bits: int = flag(3, "tah: bits of the other tokens (1..8).")
+    high_precision_bits: int = flag(4, "tah: bits of the high-entropy tokens (1..8).", low=1,
+                                    high=8)
+    low_precision_bits: int = flag(3, "tah: bits of the other tokens (1..8).", low=1, high=8)
     high_precision_allocation_ratio: float = flag(
         0.8, "tah: share of tokens (highest entropy first) that get --high-precision-bits.")
 
     @staticmethod
     def check(c, pp: int) -> None:
-        for name in ("high_precision_bits", "low_precision_bits"):
-            if not 1 <= getattr(c, name) <= 8:
-                raise ConfigError(f"--{name.replace('_', '-')} must be in 1..8, got "
-                                  f"{getattr(c, name)}")
         t = c.tile_size
         if not 2 <= t <= 256 or t & (t - 1):
             raise ConfigError(f"--tile-size must be a power of two in 2..256, got {t}")

@@ -127,7 +127,7 @@ def _run_mode(sync, model, iters):
 def test_cocktail_sgd(fake_collectives, pp, stage):
     from megatron.cc.grad_sync.cocktail import CocktailSGDSync
     from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
-    from megatron.cc.plan.dp_bytes import flat_codec
+    from megatron.cc.dp_modes.cocktail_sgd import flat_codec
     c = CompressionConfig(dp_mode="cocktail_sgd", cocktail_random_ratio=0.125,
                           cocktail_topk_ratio=1.0, cocktail_bits=2, cocktail_no_overlap=True,
                           cocktail_warmup_steps=1)
@@ -148,7 +148,7 @@ def test_cocktail_sgd(fake_collectives, pp, stage):
 def test_diloco(fake_collectives, compression, fragments, delay):
     from megatron.cc.grad_sync.diloco import DiLoCoSync
     from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
-    from megatron.cc.plan.dp_bytes import flat_codec
+    from megatron.cc.dp_modes.cocktail_sgd import flat_codec
     H = 4
     c = CompressionConfig(dp_mode="diloco", diloco_inner_steps=H, diloco_compression=compression,
                           diloco_fragments=fragments, diloco_sync_delay=delay)

@@ -7,6 +7,7 @@ import torch
 from megatron.cc.compress import CodecContext
 from megatron.cc.plan.channel_bytes import channel_bytes
 from megatron.cc.plan.shapes import Layout, ModelShape
+from megatron.cc.pp_methods import LinkEnd, pp_codec
 from megatron.cc.stats import nbytes
 from megatron.training.arguments import parse_args
 
@@ -66,12 +67,9 @@ def test_forward_bytes_equal_the_encoded_payload(name):
 
 @pytest.mark.parametrize("name", sorted(BWD))
 def test_backward_bytes_equal_the_encoded_payload(name):
-    from megatron.training.channels import backward_codec
-    from megatron.training.pipeline_codecs import fixpoint_backward_codec
     args, shape, layout = _setup(BWD[name])
     c = args.compression
-    codec = (fixpoint_backward_codec(args, seed=1) if c.backward_compress_method == "fixpoint"
-             else backward_codec(c, seed=1))
+    codec = pp_codec(c, "pp-bwd", LinkEnd("pp-bwd", seed=1, comp_seed=1))   # the driver's
     t = channel_bytes(shape, layout, c)["pp-bwd"]
     assert t["sent"] == t["messages"] * _encoded_bytes(codec)
     assert t["raw"] == t["messages"] * S * B * H * 4
@@ -92,8 +90,7 @@ def test_warmups_and_epilogue_only_decide_per_message():
     assert mid["pp-fwd"]["sent"] < mid["pp-fwd"]["raw"]
     assert mid["pp-bwd"]["sent"] == mid["pp-bwd"]["raw"]
     late = channel_bytes(shape, layout, c, iteration=3)
-    from megatron.training.channels import backward_codec
-    one = _encoded_bytes(backward_codec(c, seed=1))
+    one = _encoded_bytes(pp_codec(c, "pp-bwd", LinkEnd("pp-bwd", comp_seed=1)))
     raw = S * B * H * 4
     assert late["pp-bwd"]["sent"] == 3 * raw + one   # micro-batches 0..2 raw, 3 compressed
     assert channel_bytes(shape, layout, c) == late    # steady state
