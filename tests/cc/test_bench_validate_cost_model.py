@@ -12,7 +12,7 @@ VOCAB = 8000
 
 
 def _args(**kw):
-    a = argparse.Namespace(veth_gbps=10.0, latency_us=100.0, virtual_pipeline=None,
+    a = argparse.Namespace(veth_gbps=10.0, latency_us=100.0,
                            stat="ms_per_iter", vocab_size=VOCAB, tolerance=15.0)
     vars(a).update(kw)
     return a
@@ -49,3 +49,15 @@ def test_without_a_calibration_run_nothing_is_predicted():
     rows, rates = vcm.validate([_rec("all-pipeline", "20mbit", 5000.0)], _args())
     assert rates == {} and rows[0]["predicted"] is None
     assert "no calibration run" in rows[0]["note"]
+
+
+def test_an_interleaved_twin_is_predicted_with_its_own_flags():
+    """bench_slow_link --virtual-pipeline 2 records `<name>-vp2`: its chunks' extra messages
+    make the same link cost more than 1F1B's."""
+    a = _args()
+    recs = [_rec("uncompressed", "none", 3000.0), _rec("uncompressed", "20mbit", 9000.0),
+            _rec("uncompressed-vp2", "20mbit", 9000.0)]
+    rows, _ = vcm.validate(recs, a)
+    assert rows[2]["predicted"] is not None, rows[2]["note"]
+    assert rows[2]["predicted"] > rows[1]["predicted"]
+    assert rows[2]["error"] == pytest.approx(100 * (rows[2]["predicted"] - 9000.0) / 9000.0)
