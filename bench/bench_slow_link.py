@@ -140,7 +140,8 @@ def parse_configs(text: str) -> List[str]:
 _ITER = re.compile(r" iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): "
                    r"([\d.]+).*?lm loss: ([\d.E+-]+|nan)")
 # "<channel> bytes" and "<channel> inter-node bytes" (what left the node: the link here)
-_BYTES = re.compile(r"([a-z-]+(?: inter-node)?) bytes: ([\d.]+)(B|KB|MB|GB)(?: \(x([\d.inf]+)\))?")
+_BYTES = re.compile(r"([a-z-]+(?: inter-node)?) bytes: ([\d.]+)(B|KB|MB|GB)"
+                    r"(?: \(x([\d.inf]+)\))?")
 _WAIT = re.compile(r"([a-z-]+(?: inter-node)?) wait ms: ([\d.]+)")
 _UNIT = {"B": 1, "KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3}
 
