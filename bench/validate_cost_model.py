@@ -7,7 +7,8 @@ whose two datacentres are the two sides of the veth pair, ranks placed as the be
 them (bench_slow_link.side_of):
   inter_datacentre  the veth pair, shared by every flow crossing it: the tbf rate as TCP
                     payload (x 1448 / 1514: full segments with Ethernet, IPv4 and
-                    TCP+timestamp headers) and --latency-us; unshaped ('none'): --veth-gbps
+                    TCP+timestamp headers), tbf's 128 KiB burst (as payload too) and
+                    --latency-us; unshaped ('none'): --veth-gbps
   intra_node        processes of one side over loopback: --veth-gbps
 Codec throughput: the model's CPU table. Compute: the model's one measured input, calibrated
 per placement on that placement's fastest unthrottled uncompressed run (synchronous or
@@ -43,6 +44,7 @@ from tools.plan_compression import PlanError, parse_run, vocab_size  # noqa: E40
 
 UNCOMPRESSED = ("uncompressed", "uncompressed-dp", "uncompressed-both", "tp2-uncompressed")
 PAYLOAD_SHARE = 1448 / 1514   # TCP payload of a full frame that tbf counts whole
+TBF_BURST_KB = 128            # bench_slow_link's `tc ... tbf burst 128kb` (KiB, frames)
 
 
 class SlowLinkCluster(Cluster):
@@ -61,14 +63,14 @@ class SlowLinkCluster(Cluster):
     def level(self, a: int, b: int) -> str:
         return "intra_node" if self.side[a] == self.side[b] else "inter_datacentre"
 
-    def datacentres_spanned(self, ranks) -> int:
-        return len({self.side[r] for r in ranks})
+    def rank_datacentre(self, rank: int) -> int:
+        return self.side[rank]
 
 
 def links_at(rate: str, veth_gbps: float, latency_us: float) -> Dict[str, LinkSpec]:
     fast = LinkSpec(veth_gbps, latency_us)
     link = fast if rate == "none" else LinkSpec(rate_bits(rate) * PAYLOAD_SHARE / 1e9,
-                                                latency_us)
+                                                latency_us, TBF_BURST_KB * PAYLOAD_SHARE)
     return {"intra_node": fast, "inter_node": fast, "inter_datacentre": link}
 
 

@@ -33,9 +33,10 @@ def test_calibrated_on_the_unthrottled_run_and_predicts_the_link_by_hand():
     assert rows[0]["predicted"] == pytest.approx(3000.0, rel=1e-6)
     assert rows[3]["predicted"] < 3500.0
     # 1F1B sync at pp 2, M 8: (M + pp - 2) = 8 slots, each a 1 MiB message each way
-    # (hidden 256 x seq 256 x micro-batch 4, fp32) over the link's TCP payload rate
+    # (hidden 256 x seq 256 x micro-batch 4, fp32) over the link's TCP payload rate, less
+    # tbf's 128 KiB burst (as payload), which the slot's compute (~0.33 s) refills in full
     bw = 20e6 * 1448 / 1514 / 8
-    link = 8 * 2 * (1e-4 + 1048576 / bw)
+    link = 8 * 2 * (1e-4 + (1048576 - 131072 * 1448 / 1514) / bw)
     fast = 8 * 2 * (1e-4 + 1048576 / (10e9 / 8))
     assert rows[1]["predicted"] == pytest.approx(3000.0 + 1e3 * (link - fast), rel=1e-6)
     assert rows[2]["predicted"] is None and rows[2]["note"] == "not modelled"

@@ -13,6 +13,8 @@ YAML (tools/plan_compression.py --cluster):
       inter_node:       {bandwidth_gbps: 200, latency_us: 5}       # per GPU
       inter_datacentre: {bandwidth_gbps: 10, latency_us: 20000}    # the whole interconnect,
                                                                    # shared by every flow on it
+      # optional burst_kb: a token-bucket shaper's burst (tc tbf's `burst`, KiB): bytes that
+      # pass at line rate once the link has been idle long enough to refill the bucket
     codec_throughput_gbs: {fixpoint: 80}   # optional: measured GB/s overriding the defaults
     gpu_memory_gb: 80        # optional: the planner drops layouts whose weights, gradients and
                              # Adam states (18 bytes per parameter) do not fit one GPU
@@ -30,6 +32,7 @@ LEVELS = ("intra_node", "inter_node", "inter_datacentre")
 TOP_KEYS = ("nodes", "gpus_per_node", "tflops_per_gpu", "device", "datacentres", "links",
             "codec_throughput_gbs", "gpu_memory_gb")
 LINK_KEYS = ("bandwidth_gbps", "latency_us")
+OPTIONAL_LINK_KEYS = ("burst_kb",)
 
 
 class ClusterConfigError(ValueError):
@@ -40,6 +43,9 @@ class ClusterConfigError(ValueError):
 class LinkSpec:
     bandwidth_gbps: float
     latency_us: float
+    burst_kb: float = 0.0
+    """Token bucket of a shaped link (KiB, each direction): refilled at the bandwidth while
+    the link idles, it lets that many bytes through at line rate (taken as instantaneous)."""
 
     @property
     def bytes_per_s(self) -> float:
@@ -48,6 +54,10 @@ class LinkSpec:
     @property
     def latency_s(self) -> float:
         return self.latency_us * 1e-6
+
+    @property
+    def burst_bytes(self) -> float:
+        return self.burst_kb * 1024
 
 
 @dataclass
@@ -84,13 +94,16 @@ class Cluster:
         levels = {self.level(ranks[0], r) for r in ranks[1:]} | {"intra_node"}
         return max(levels, key=LEVELS.index)
 
+    def rank_datacentre(self, rank: int) -> int:
+        return self.datacentre_of(rank // self.gpus_per_node)
+
     def datacentres_spanned(self, ranks: Sequence[int]) -> int:
-        return len({self.datacentre_of(r // self.gpus_per_node) for r in ranks})
+        return len({self.rank_datacentre(r) for r in ranks})
 
     def with_link(self, level: str, bandwidth_gbps: float) -> "Cluster":
         """A copy with one level's bandwidth changed (the plot's sweep)."""
         links = dict(self.links)
-        links[level] = LinkSpec(bandwidth_gbps, links[level].latency_us)
+        links[level] = LinkSpec(bandwidth_gbps, links[level].latency_us, links[level].burst_kb)
         return Cluster(self.nodes, self.gpus_per_node, links, self.tflops_per_gpu, self.device,
                        self.datacentres, self.codec_throughput_gbs, self.gpu_memory_gb)
 
@@ -120,8 +133,9 @@ def _links(raw, where: str) -> Dict[str, LinkSpec]:
             _fail(f"{where}.{level}", f"expected a mapping, got {spec!r}",
                   "write {bandwidth_gbps: 100, latency_us: 5}")
         for key in spec:
-            if key not in LINK_KEYS:
-                _fail(f"{where}.{level}.{key}", "unknown key", f"use {' and '.join(LINK_KEYS)}")
+            if key not in LINK_KEYS + OPTIONAL_LINK_KEYS:
+                _fail(f"{where}.{level}.{key}", "unknown key",
+                      f"use {' and '.join(LINK_KEYS)} (optionally {OPTIONAL_LINK_KEYS[0]})")
         for key in LINK_KEYS:
             if key not in spec:
                 _fail(f"{where}.{level}", f"missing {key}", f"add {key}: <number>")
@@ -129,9 +143,13 @@ def _links(raw, where: str) -> Dict[str, LinkSpec]:
         if isinstance(lat, bool) or not isinstance(lat, (int, float)) or lat < 0:
             _fail(f"{where}.{level}.latency_us", f"expected a number >= 0 (microseconds), got "
                   f"{lat!r}", "write e.g. latency_us: 5")
+        burst = spec.get("burst_kb", 0)
+        if isinstance(burst, bool) or not isinstance(burst, (int, float)) or burst < 0:
+            _fail(f"{where}.{level}.burst_kb", f"expected a number >= 0 (KiB), got {burst!r}",
+                  "write e.g. burst_kb: 128, or leave it out (no shaper burst)")
         out[level] = LinkSpec(float(_positive(spec["bandwidth_gbps"],
                                               f"{where}.{level}.bandwidth_gbps", "Gbit/s")),
-                              float(lat))
+                              float(lat), float(burst))
     return out
 
 

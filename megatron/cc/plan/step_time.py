@@ -13,11 +13,17 @@ An estimate, not validated against a measured interleaved run.
 
 Communication, per channel, from the exact bytes (channel_bytes.py) over the slowest link a
 channel's group spans (links.py); a transfer of x bytes costs latency + x / bandwidth, and the
-inter-datacentre bandwidth is shared by every flow crossing it at once:
-    pp     one message each way per micro-batch: c = c_fwd + c_bwd (codec time included).
-           synchronous: (M + pp - 2) c on the critical path (every steady-state slot waits
-           for its transfers; fill and drain add pp - 2); overlapped (--overlap-p2p-comm):
-           (pp - 1) c + (M - 1) max(0, c - (t_f + t_b)).
+inter-datacentre bandwidth of each direction is shared by every flow crossing it that way at
+once. A shaped link's token bucket (LinkSpec.burst_kb, tc tbf's burst) refills at the
+bandwidth during the compute between two messages, so a message costs only what exceeds
+min(burst, bandwidth x that compute) (for the flows crossing together, their sum):
+    pp     one message each way per micro-batch, c_fwd and c_bwd (codec time included).
+           synchronous: (M + pp - 2) (c_fwd + c_bwd) on the critical path (every steady-state
+           slot waits for its transfers, which cross one after the other: measured on the
+           slow-link bench, a synchronous exchange costs about the sum of its two directions;
+           fill and drain add pp - 2); overlapped (--overlap-p2p-comm): the forward and the
+           backward stream use the link's two directions at once, so
+           (pp - 1) (c_fwd + c_bwd) + (M - 1) max(0, max(c_fwd, c_bwd) - (t_f + t_b)).
     dp     a ring all-reduce of the x bytes a rank counts: 2 (D-1)/D x / bw + 2 (D-1) latency
            (+ codec time); exposed in full after backward, or past the last micro-batch's
            backward with --overlap-grad-reduce, or past the whole step when it runs in the
@@ -33,6 +39,7 @@ inter-datacentre bandwidth is shared by every flow crossing it at once:
            transfers hide behind t_f + t_b + their time).
 Codec time = uncompressed bytes / throughput (encode + decode); CODEC_THROUGHPUT_GBS below.
 """
+from collections import Counter
 from dataclasses import dataclass
 from typing import Dict
 
@@ -93,42 +100,53 @@ def stage_flops_params(m: ModelShape, layout: Layout, stage: int) -> int:
     return n
 
 
-def _transfer(cluster: Cluster, level: str, nbytes: float, flows: int) -> float:
+def _transfer(cluster: Cluster, level: str, nbytes: float, flows: int,
+              refill_s: float = 0.0) -> float:
+    """One message of nbytes per flow, `flows` of them crossing one direction of the level's
+    link at once (shared on the inter-datacentre level), the bucket refilled for refill_s."""
     link = cluster.links[level]
-    bw = link.bytes_per_s / (flows if level == "inter_datacentre" else 1)
-    return link.latency_s + nbytes / bw
+    shared = flows if level == "inter_datacentre" else 1
+    tokens = min(link.burst_bytes, link.bytes_per_s * refill_s)
+    return link.latency_s + max(0.0, shared * nbytes - tokens) / link.bytes_per_s
 
 
 def _pp_level(cluster, layout):
-    """(slowest level of any stage boundary, flows crossing a datacentre at it)."""
+    """(slowest level of any stage boundary, the most flows crossing one direction between two
+    datacentres at it). A forward flow from datacentre a to b is a backward flow from b to a,
+    so both directions count the same flows."""
     place = placement(layout.tp, layout.dp, layout.pp, layout.rank_order)
     worst, flows = "intra_node", 1
     wrap = layout.virtual_stages > 1   # interleaved: the last stage also sends to stage 0
     for s in range(layout.pp - 1 + wrap):
-        levels = [cluster.level(place(t, d, s), place(t, d, (s + 1) % layout.pp))
-                  for t in range(layout.tp) for d in range(layout.dp)]
+        pairs = [(place(t, d, s), place(t, d, (s + 1) % layout.pp))
+                 for t in range(layout.tp) for d in range(layout.dp)]
+        levels = [cluster.level(a, b) for a, b in pairs]
         lvl = max(levels, key=LEVELS.index)
         if LEVELS.index(lvl) >= LEVELS.index(worst):
-            worst, flows = lvl, max(1, levels.count("inter_datacentre"))
+            ways = Counter((cluster.rank_datacentre(a), cluster.rank_datacentre(b))
+                           for (a, b), lv in zip(pairs, levels) if lv == "inter_datacentre")
+            worst, flows = lvl, max(ways.values(), default=1)
     return worst, flows
 
 
-def pp_message_seconds(m, layout, c, cluster, totals) -> float:
-    """c = c_fwd + c_bwd for one micro-batch (mean message of the steady state).
+def pp_message_seconds(m, layout, c, cluster, totals, refill_s: float = 0.0):
+    """(c_fwd, c_bwd) for one micro-batch (mean message of the steady state), the link's
+    bucket refilled for refill_s before each.
 
     With scatter-gather (Layout.scatter_gather, tp > 1) a message is one tp rank's slice, sent
     in parallel with its peers' on their own links; the receiving stage's intra-node all-gather
     of the slices is not modelled (small next to a slow pipeline link)."""
     level, flows = _pp_level(cluster, layout)
     _, _, raw = activation_message(m, layout)
-    out = 0.0
+    out = []
     for ch in ("pp-fwd", "pp-bwd"):
         t, method = totals[ch], pp_method(c, ch).profile(c)
         sent = t["sent"] / t["messages"]
-        out += _transfer(cluster, level, sent, flows)
+        one = _transfer(cluster, level, sent, flows, refill_s)
         if sent < raw and method != "none":
-            out += codec_seconds(cluster, method, raw)
-    return out
+            one += codec_seconds(cluster, method, raw)
+        out.append(one)
+    return tuple(out)
 
 
 def dp_seconds(m, layout, c, cluster, step_compute: float, t_b: float,
@@ -240,11 +258,11 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
     t_tp = tp_seconds(m, layout, c, cluster)
     totals = channel_bytes(m, layout, c)
     pp_t = 0.0
-    if pp > 1:   # vp = 1: (pp - 1) c + (M - 1) max(0, c - slot), (M + pp - 2) c
-        msg = pp_message_seconds(m, layout, c, cluster, totals)
-        slot = (t_f + t_b + t_tp) / vp   # one chunk's compute hides a transfer
-        pp_t = ((pp - 1) * msg + (M * vp - 1) * max(0.0, msg - slot) if overlap
-                else (M * vp + pp - 2) * msg)
+    if pp > 1:
+        slot = (t_f + t_b + t_tp) / vp   # one chunk's compute: hides a transfer, refills
+        c_f, c_b = pp_message_seconds(m, layout, c, cluster, totals, slot)
+        pp_t = ((pp - 1) * (c_f + c_b) + (M * vp - 1) * max(0.0, max(c_f, c_b) - slot)
+                if overlap else (M * vp + pp - 2) * (c_f + c_b))
     dp_t = dp_seconds(m, layout, c, cluster, compute + bubble, t_b,
                       overlap and c.dp_mode == "allreduce", t_b / vp)
     return StepTime(compute, bubble, pp_t, dp_t, emb_seconds(m, layout, c, cluster, totals),

@@ -54,8 +54,10 @@ def _with(**changes):
                                                "positive number (Gbit/s)"),
     ({"links.inter_node.latency_us": KeyError}, "links.inter_node: missing latency_us"),
     ({"links.inter_node.latency": 5}, "links.inter_node.latency: unknown key; use "
-                                      "bandwidth_gbps and latency_us"),
+                                      "bandwidth_gbps and latency_us (optionally burst_kb)"),
     ({"links.intra_node.latency_us": -1}, "links.intra_node.latency_us: expected a number >= 0"),
+    ({"links.inter_node.burst_kb": "128kb"}, "links.inter_node.burst_kb: expected a number >= 0 "
+                                             "(KiB), got '128kb'; write e.g. burst_kb: 128"),
     ({"datacentres": 3}, "datacentres: 3 datacentres do not split 4 nodes evenly"),
     ({"datacentres": [[0, 1], [1, 2, 3]]}, "datacentres: the lists hold nodes [0, 1, 1, 2, 3]"),
     ({"device": "tpu"}, "device: expected gpu or cpu"),

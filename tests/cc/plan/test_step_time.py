@@ -59,8 +59,49 @@ def test_pipeline_transfer_on_the_critical_path():
     assert sync.pp == pytest.approx((4 + 2 - 2) * msg)
     over = step_time(M4, lay, CompressionConfig(), cl, overlap=True)
     t_fb = (sync.compute + sync.bubble) / (4 + 1)
-    assert over.pp == pytest.approx(msg + 3 * max(0.0, msg - t_fb))
+    # overlapped, the two directions cross at once: each slot waits for the longer one
+    assert over.pp == pytest.approx(msg + 3 * max(0.0, msg / 2 - t_fb))
     assert over.total <= sync.total
+
+
+def _two_sides(burst_kb=0.0, gbps=0.01):
+    links = {"intra_node": {"bandwidth_gbps": 1000, "latency_us": 0},
+             "inter_node": {"bandwidth_gbps": 1000, "latency_us": 0},
+             "inter_datacentre": {"bandwidth_gbps": gbps, "latency_us": 0,
+                                  "burst_kb": burst_kb}}
+    return cluster_from_dict({"nodes": 4, "gpus_per_node": 1, "tflops_per_gpu": 0.001,
+                              "datacentres": [[0, 3], [1, 2]], "links": links})
+
+
+def test_a_shaped_links_burst_passes_what_the_compute_refills():
+    """tbf's token bucket: refilled at the link's rate during one slot of compute, it passes
+    min(burst, rate x slot) of each message for free; the rest pays the rate."""
+    lay = Layout(1, 2, 1, micro_batch_size=2, num_microbatches=4)
+    x = 32 * 2 * 64 * 4                                    # one 16 KiB activation message
+    plain = step_time(M4, lay, CompressionConfig(), _two_sides(0))
+    slot = (plain.compute + plain.bubble) / (4 + 1)
+    rate = 0.01e9 / 8
+    assert plain.pp == pytest.approx(4 * 2 * x / rate)
+    for kb in (4, 64):
+        t = step_time(M4, lay, CompressionConfig(), _two_sides(kb))
+        free = min(kb * 1024, rate * slot)
+        assert t.pp == pytest.approx(4 * 2 * max(0.0, x - free) / rate)
+    assert step_time(M4, lay, CompressionConfig(), _two_sides(64)).pp == 0.0   # all free
+
+
+def test_replicas_crossing_opposite_ways_do_not_share_a_direction():
+    """pp = 2 x dp = 2 with replica 0's stage 0 and replica 1's stage 1 on one side (the
+    slow-link bench's 'both' placement): the two pipelines cross the link in opposite
+    directions, so each message has a direction to itself; with both replicas' stage 0 on one
+    side they share it and take twice as long."""
+    lay = Layout(1, 2, 2, micro_batch_size=2, num_microbatches=4)
+    x = 32 * 2 * 64 * 4
+    rate = 0.01e9 / 8
+    opposite = step_time(M4, lay, CompressionConfig(), _two_sides())   # ranks 0,3 | 1,2
+    assert opposite.pp == pytest.approx(4 * 2 * x / rate)
+    same = step_time(M4, lay, CompressionConfig(), _two_sides().__class__(
+        **{**_two_sides().__dict__, "datacentres": [[0, 1], [2, 3]]}))
+    assert same.pp == pytest.approx(2 * opposite.pp)
 
 
 def test_interleaving_divides_the_bubble_and_multiplies_the_messages():
