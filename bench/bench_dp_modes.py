@@ -350,8 +350,9 @@ def main():
                    help="torchrun master port of the runs (another invocation at the same "
                         "time needs another)")
     p.add_argument("--extra", default="",
-                   help="flags appended to every run and to the warm start, e.g. "
-                        "\"--distributed-backend gloo\" (4 ranks sharing one GPU)")
+                   help="flags appended to every run and to the warm start (later flags win), "
+                        "given with '=': --extra=\"--distributed-backend gloo\" (4 ranks "
+                        "sharing one GPU)")
     p.add_argument("--replot", action="store_true",
                    help="redraw the table and plot from dp_modes.json in --out and exit")
     p.add_argument("--merge", nargs="*", default=[],
