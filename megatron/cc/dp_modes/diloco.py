@@ -131,8 +131,8 @@ class DiLoCo(DiLoCoLoop):
     def build(c, topo, stats, run):
         group = DiLoCoLoop.reduce_group(c, topo)
         rank = parse_powersgd_rank(c.diloco_compression)
-        if rank:   # run.seed: the first Qs are drawn alike on every replica
-            exchange = PowerSGDExchange(group, rank, seed=run.seed)
+        if rank:   # the first Qs drawn alike on every replica, as --grad-comp's (--comp-seed)
+            exchange = PowerSGDExchange(group, rank, seed=run.comp_seed)
         elif c.diloco_compression == "none":
             exchange = None
         else:
