@@ -42,6 +42,14 @@ Runs (dp=4, pp=1 unless the name says pp2):
                        (k = 128 at H = 30: x1087; k = 232 at H = 50: x1004)
   sparseloco-*-dpadam  the same with --dp-adam-correction (the warm-start, batch-128 setting);
                        sparseloco-H15-F3-d1.56-2b-dpadam: streaming, 3 fragments in turn
+  diloco-H50-dpadam    exact fp32 DiLoCo H=50 (x50), the reference of the rows below
+  diloco-H100-fixpoint-3-dpadam / -H75-fixpoint-2 / -H150-fixpoint-4   fewer syncs through the
+                       sharded fixpoint codec (x1024 / x1129 / x1164)
+  diloco-H<h>-psgd<r>-dpadam   --diloco-compression powersgd-<r>: one warm-started PowerSGD
+                       round of rank r per matrix with error feedback (DiLoCoX), vectors exact
+                       in fp32; sent per sync = sum 4 r (n + m) + 4 x vector values, so at
+                       dp=4 on the demo model: H50 r4 x1158, H50 r6 x804, H30 r4 x695,
+                       H30 r2 x1241, H40 r3 x1188, H75 r6 x1206, H100 r8 x1232
 
     python bench/bench_dp_modes.py [--iters 300] [--runs allreduce,cocktail] [--replot]
     python bench/bench_dp_modes.py --warm-start 300 --out bench/results/warm --runs ...
@@ -103,6 +111,10 @@ def diloco(h: int, comp: str = "none"):
 
 def diloco_cocktail(h: int, random_ratio: float, bits: int = 2):
     return diloco(h, "cocktail") + cocktail(random_ratio, 1.0, bits)[2:]
+
+
+def diloco_psgd(h: int, rank: int):
+    return diloco(h, f"powersgd-{rank}") + DPADAM
 
 
 RUNS = {
@@ -174,10 +186,21 @@ RUNS = {
     "diloco-H300-int8-avg-dpadam": diloco(300, "int8") + ["--diloco-outer-lr", "1",
                                                           "--diloco-outer-momentum", "0"] + DPADAM,
     "diloco-H150-fixpoint-4-dpadam": diloco(150, "fixpoint-4") + DPADAM,
+    "diloco-H100-fixpoint-3-dpadam": diloco(100, "fixpoint-3") + DPADAM,     # x1024
+    "diloco-H75-fixpoint-2-dpadam": diloco(75, "fixpoint-2") + DPADAM,       # x1129
     # the same single average, extrapolated half a step further along the mean pseudo-gradient
     "diloco-H300-int8-x1.5-dpadam": diloco(300, "int8") + ["--diloco-outer-lr", "1.5",
                                                            "--diloco-outer-momentum", "0"]
     + DPADAM,
+    "diloco-H50-dpadam": diloco(50) + DPADAM,   # exact fp32 outer all-reduce: x50
+    # low-rank outer exchange: rank-r PowerSGD per matrix, error feedback (formula ratios)
+    "diloco-H50-psgd4-dpadam": diloco_psgd(50, 4),     # x1158
+    "diloco-H50-psgd6-dpadam": diloco_psgd(50, 6),     # x804
+    "diloco-H30-psgd4-dpadam": diloco_psgd(30, 4),     # x695
+    "diloco-H30-psgd2-dpadam": diloco_psgd(30, 2),     # x1241
+    "diloco-H40-psgd3-dpadam": diloco_psgd(40, 3),     # x1188
+    "diloco-H75-psgd6-dpadam": diloco_psgd(75, 6),     # x1206
+    "diloco-H100-psgd8-dpadam": diloco_psgd(100, 8),   # x1232
 }
 
 
@@ -247,7 +270,7 @@ def average_dp(r: RunResult) -> None:
 
 
 def warm_checkpoint(out: str, iters: int, global_batch: int, micro_batch: int,
-                    seed: int, port: int = 29710) -> str:
+                    seed: int, port: int = 29710, extra=()) -> str:
     """The directory of `iters` iterations of all-reduce pretraining (made once, then reused)."""
     path = os.path.join(out, "warm_start")
     tracker = os.path.join(path, "latest_checkpointed_iteration.txt")
@@ -260,7 +283,7 @@ def warm_checkpoint(out: str, iters: int, global_batch: int, micro_batch: int,
                          f"remove it or pick another --out")
     flags = (DEMO + ["--seed", str(seed)] + batch_flags("allreduce", global_batch, micro_batch)
              + ["--train-iters", str(iters), "--eval-interval", str(iters), "--save", path,
-                "--save-interval", str(iters)])
+                "--save-interval", str(iters)] + list(extra))
     r = run_pretrain("warm-start", 4, flags, port=port)
     print(f"warm start: {iters} iterations of all-reduce, validation loss {r.final_valid:.4f}, "
           f"saved to {path}", flush=True)
@@ -326,6 +349,10 @@ def main():
     p.add_argument("--port", type=int, default=29710,
                    help="torchrun master port of the runs (another invocation at the same "
                         "time needs another)")
+    p.add_argument("--extra", default="",
+                   help="flags appended to every run and to the warm start (later flags win), "
+                        "given with '=': --extra=\"--distributed-backend gloo\" (4 ranks "
+                        "sharing one GPU)")
     p.add_argument("--replot", action="store_true",
                    help="redraw the table and plot from dp_modes.json in --out and exit")
     p.add_argument("--merge", nargs="*", default=[],
@@ -364,12 +391,14 @@ def main():
         os.makedirs(a.out, exist_ok=True)
         if a.warm_start:
             common += ["--load", warm_checkpoint(a.out, a.warm_start, a.global_batch_size,
-                                                 a.micro_batch_size, a.seed, a.port),
+                                                 a.micro_batch_size, a.seed, a.port,
+                                                 a.extra.split()),
                        "--finetune"]
         for name in names:
             try:
                 flags = common + batch_flags(name, a.global_batch_size, a.micro_batch_size)
-                r = run_pretrain(name, NPROC.get(name, 4), flags + RUNS[name], port=a.port)
+                r = run_pretrain(name, NPROC.get(name, 4), flags + RUNS[name] + a.extra.split(),
+                                 port=a.port)
             except RuntimeError as e:   # keep going: one broken mode must not lose the rest
                 print(f"{name}: FAILED\n{str(e)[-2000:]}", flush=True)
                 continue

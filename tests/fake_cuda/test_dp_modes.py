@@ -36,6 +36,8 @@ MODES = {
                               "diloco-compression": "int8", "diloco-fragments": 2},
     "diloco-cocktail-delay": {"dp-mode": "diloco", "diloco-inner-steps": 2,
                               "diloco-compression": "cocktail", "diloco-sync-delay": 1},
+    "diloco-powersgd-fragments": {"dp-mode": "diloco", "diloco-inner-steps": 2,
+                                  "diloco-compression": "powersgd-2", "diloco-fragments": 2},
     "sparseloco": {"dp-mode": "sparseloco", "diloco-inner-steps": 1},
     "sparseloco-delay": {"dp-mode": "sparseloco", "diloco-inner-steps": 2,
                          "diloco-sync-delay": 1, "stochastic-rounding": True},
@@ -113,8 +115,8 @@ def _off_gpu(state, gpu, path="state"):
 # on NCCL (every tensor a collective takes must be on this rank's GPU) one mode per code
 # path: the variants above differ in their compute, not in what they hand the backend
 # (CocktailSGD's exchange is the ShardedExchange diloco-int8-fragments runs)
-NCCL_MODES = ("allreduce", "powersgd", "diloco-int8-fragments", "sparseloco", "preduce",
-              "adpsgd")
+NCCL_MODES = ("allreduce", "powersgd", "diloco-int8-fragments", "diloco-powersgd-fragments",
+              "sparseloco", "preduce", "adpsgd")
 
 
 RUNS = [("gloo", m) for m in MODES] + [("nccl", m) for m in NCCL_MODES]

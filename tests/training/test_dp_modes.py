@@ -7,6 +7,7 @@
   losses == 4 + save + load + 4), with every piece of mode state in the checkpoint: the
   CocktailSGD exchange in flight at the save, its server errors and stochastic-rounding
   generators, DiLoCo's global copy / momentum / residuals mid-period with streaming fragments,
+  low-rank DiLoCo's Qs and residuals,
   SparseLoCo's error buffers, rounding generators and an exchange in flight.
   preduce runs at --ssp-bound 1 here: its partial groups depend on arrival timing, so no two
   runs with partial groups are reproducible, interrupted or not.
@@ -56,6 +57,10 @@ MODES = {
     # a reduce in flight at the save (fragment 1 starts after step 4, applied after step 6)
     "diloco-delay": {"dp-mode": "diloco", "diloco-inner-steps": 8, "diloco-fragments": 2,
                      "diloco-sync-delay": 2, "diloco-outer-momentum": 0.5},
+    # low rank: the reduce of step 4 in flight at the save (applied after step 5); the Qs and
+    # residuals it leaves are used at step 6, whose update (after step 7) moves step 8's loss
+    "diloco-powersgd": {"dp-mode": "diloco", "diloco-inner-steps": 2, "diloco-sync-delay": 1,
+                        "diloco-compression": "powersgd-2"},
     # SparseLoCo: error buffers of two fragments, a stochastic-rounding generator and an
     # exchange in flight at the save (fragment 0 syncs after step 4, applied after step 5)
     "sparseloco": {"dp-mode": "sparseloco", "diloco-inner-steps": 4, "diloco-fragments": 2,
@@ -124,6 +129,12 @@ def test_resume_bit_exact_with_each_dp_mode(tiny_corpus, tmp_path):
     ({"dp-mode": "diloco", "diloco-inner-steps": 10, "diloco-fragments": 3}, 2,
      "--diloco-fragments"),
     ({"dp-mode": "diloco", "diloco-compression": "int3"}, 2, "--diloco-compression"),
+    ({"dp-mode": "diloco", "diloco-compression": "powersgd-0"}, 2,
+     "--diloco-compression 'powersgd-0': expected powersgd-<rank>"),
+    ({"dp-mode": "diloco", "diloco-compression": "powersgd-x"}, 2,
+     "--diloco-compression 'powersgd-x': expected powersgd-<rank>"),
+    ({"dp-mode": "diloco", "diloco-compression": "powersgd"}, 2,
+     "--diloco-compression 'powersgd': expected powersgd-<rank>"),
     ({"dp-mode": "diloco", "diloco-inner-steps": 4, "diloco-fragments": 2,
       "diloco-sync-delay": 2}, 2, "--diloco-sync-delay"),
     ({"dp-mode": "diloco", "diloco-outer-momentum": 1.0}, 2, "--diloco-outer-momentum"),

@@ -1,14 +1,18 @@
 """--dp-mode diloco: H inner steps, then an outer Nesterov step on the averaged pseudo-gradient,
-exact or through a sharded-exchange codec; Streaming DiLoCo's fragments and sync delay
-(megatron/cc/grad_sync/diloco.py). DiLoCoLoop's flags are SparseLoCo's too."""
+exact, through a sharded-exchange codec or low-rank (PowerSGD per matrix); Streaming DiLoCo's
+fragments and sync delay (megatron/cc/grad_sync/diloco.py). DiLoCoLoop's flags are
+SparseLoCo's too."""
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 from megatron.cc.config_fields import ConfigError, flag
-from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode, segment_sizes
+from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode
 from megatron.cc.dp_modes.cocktail_sgd import flat_codec, sharded_exchange, sharded_exchange_bytes
 from megatron.cc.grad_sync.diloco import DiLoCoSync, split_fragments
 from megatron.cc.grad_sync.flat_codecs import parse_fixpoint_bits
+from megatron.cc.grad_sync.lowrank_exchange import (PowerSGDExchange, parse_powersgd_rank,
+                                                    sync_bytes as lowrank_bytes)
 
 
 @dataclass
@@ -41,22 +45,25 @@ class DiLoCoLoop(DpMode):
         (counted tau steps after their sync), or the H-period average when iteration is None;
         fragments from diloco.py's own `split_fragments`."""
         H, F, tau = c.diloco_inner_steps, c.diloco_fragments, c.diloco_sync_delay
-        segments = {k: [SimpleNamespace(numel=lambda n=n: n) for n in v]
-                    for k, v in segment_sizes(params).items()}
-        sizes = [sum(p.numel() for p in f) for f in split_fragments(segments, F)]
+        segments = {"embedding": [], "params": []}   # param_sync.param_segments on specs
+        for p in params:
+            segments["embedding" if p.shared_embedding else "params"].append(
+                SimpleNamespace(numel=lambda n=p.numel: n, shape=tuple(p.shape)))
+        shapes = [[p.shape for p in f] for f in split_fragments(segments, F)]
+        sizes = [sum(math.prod(s) for s in f) for f in shapes]
         if iteration is None:
             counted, scale = range(F), 1.0 / H
         else:
             step = iteration + 1 - tau   # the sync step whose bytes are counted now
             counted = DiLoCoSync.due(SimpleNamespace(F=F, H=H), step) if step > 0 else []
             scale = 1
-        sent = sum(cls.fragment_bytes(c, sizes[f], layout.dp) for f in counted) * scale
+        sent = sum(cls.fragment_bytes(c, shapes[f], layout.dp) for f in counted) * scale
         raw = sum(GRAD_BYTES * sizes[f] * H for f in counted) * scale
         return {"sent": sent, "raw": raw, "messages": len(counted) * scale}
 
     @staticmethod
-    def fragment_bytes(c, numel: int, world: int) -> int:
-        """What one sync of a `numel`-value fragment counts."""
+    def fragment_bytes(c, shapes, world: int) -> int:
+        """What one sync of a fragment of tensors shaped `shapes` counts."""
         raise NotImplementedError
 
     @staticmethod
@@ -76,7 +83,9 @@ class DiLoCo(DiLoCoLoop):
     diloco_compression: str = flag(
         "none", "diloco: codec of the pseudo-gradient exchange: none (exact fp32 all-reduce), "
                 "fp16, int8, fixpoint-<bits> (e.g. fixpoint-4), cocktail (--cocktail-* "
-                "settings). Lossy codecs keep each replica's residual (error feedback).")
+                "settings), powersgd-<rank> (e.g. powersgd-4: one warm-started PowerSGD "
+                "round per matrix, DiLoCoX's low-rank exchange; vectors exact in fp32). "
+                "Lossy codecs keep each replica's residual (error feedback).")
 
     @staticmethod
     def borrows(c):
@@ -86,14 +95,21 @@ class DiLoCo(DiLoCoLoop):
     @staticmethod
     def profile(c) -> str:
         name = c.diloco_compression
+        if parse_powersgd_rank(name):
+            return "powersgd"
         return name if name in ("none", "fp16", "int8", "cocktail") else "fixpoint-b"
 
     @staticmethod
-    def fragment_bytes(c, numel: int, world: int) -> int:
-        """4 n exact, else the ShardedExchange's count."""
-        if c.diloco_compression == "none":
+    def fragment_bytes(c, shapes, world: int) -> int:
+        """4 n exact, lowrank_exchange.sync_bytes for powersgd-r, else the ShardedExchange's
+        count."""
+        name, numel = c.diloco_compression, sum(math.prod(s) for s in shapes)
+        if name == "none":
             return GRAD_BYTES * numel
-        return sharded_exchange_bytes(numel, world, flat_codec(c, c.diloco_compression))
+        rank = parse_powersgd_rank(name)
+        if rank:
+            return lowrank_bytes(shapes, rank)
+        return sharded_exchange_bytes(numel, world, flat_codec(c, name))
 
     @staticmethod
     def check(c, pp: int, dp: int) -> None:
@@ -102,15 +118,25 @@ class DiLoCo(DiLoCoLoop):
             raise ConfigError(f"--diloco-outer-lr must be > 0 and --diloco-outer-momentum in "
                               f"[0, 1), got {c.diloco_outer_lr}, {c.diloco_outer_momentum}")
         name, bits = c.diloco_compression, parse_fixpoint_bits(c.diloco_compression)
-        if name not in ("none", "fp16", "cocktail") and (bits is None or not 1 <= bits <= 8):
+        rank = parse_powersgd_rank(name)
+        if rank == 0:
+            raise ConfigError(f"--diloco-compression {name!r}: expected powersgd-<rank>, the "
+                              f"rank an integer >= 1 (e.g. powersgd-4)")
+        if name not in ("none", "fp16", "cocktail") and rank is None \
+                and (bits is None or not 1 <= bits <= 8):
             raise ConfigError(f"--diloco-compression {name!r}: expected none, fp16, int8, "
-                              f"fixpoint-<bits 1..8> or cocktail")
+                              f"fixpoint-<bits 1..8>, cocktail or powersgd-<rank>")
 
     @staticmethod
     def build(c, topo, stats, run):
         group = DiLoCoLoop.reduce_group(c, topo)
-        exchange = None if c.diloco_compression == "none" else \
-            sharded_exchange(c, group, c.diloco_compression, run.seed)
+        rank = parse_powersgd_rank(c.diloco_compression)
+        if rank:   # the first Qs drawn alike on every replica, as --grad-comp's (--comp-seed)
+            exchange = PowerSGDExchange(group, rank, seed=run.comp_seed)
+        elif c.diloco_compression == "none":
+            exchange = None
+        else:
+            exchange = sharded_exchange(c, group, c.diloco_compression, run.seed)
         return DiLoCoSync(topo.dp_group, stats, c.diloco_inner_steps, c.diloco_outer_lr,
                           c.diloco_outer_momentum, exchange, c.diloco_fragments,
                           c.diloco_sync_delay, reduce_group=group)

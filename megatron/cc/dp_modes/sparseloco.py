@@ -1,6 +1,7 @@
 """--dp-mode sparseloco: DiLoCo's loop with SparseLoCo's exchange (top-k per chunk of the
 pseudo-gradient plus a decayed error buffer, low-bit values, all-gathered) and a plain outer
 SGD step (megatron/cc/grad_sync/sparseloco.py)."""
+import math
 from dataclasses import dataclass
 
 from megatron.cc.compress.chunk_topk import ChunkTopKCodec
@@ -33,10 +34,10 @@ class SparseLoCo(DiLoCoLoop):
            "chunk.", low=1, high=8)
 
     @staticmethod
-    def fragment_bytes(c, numel: int, world: int) -> int:
-        """sparseloco.sync_bytes (all-gather, D P / 2)."""
+    def fragment_bytes(c, shapes, world: int) -> int:
+        """sparseloco.sync_bytes (all-gather, D P / 2) of the fragment's flat vector."""
         codec = ChunkTopKCodec(c.sparseloco_density, c.sparseloco_chunk_size, c.sparseloco_bits)
-        return sync_bytes(numel, world, codec)
+        return sync_bytes(sum(math.prod(s) for s in shapes), world, codec)
 
     @staticmethod
     def check(c, pp: int, dp: int) -> None:

@@ -4,7 +4,9 @@ Each replica runs H inner optimizer steps on its own data with no dp traffic, th
 
     Delta_i = theta_g - theta_i (+ e_i)       pseudo-gradient (fp32), plus its codec residual
     Delta   = mean_i Delta_i                  exact all-reduce (none) or a ShardedExchange
-                                              through fp16 / int8 / fixpoint-b / cocktail
+                                              through fp16 / int8 / fixpoint-b / cocktail,
+                                              or rank-r PowerSGD per matrix (powersgd-r,
+                                              lowrank_exchange.py: its own residuals)
     m       = mu m + Delta                    outer SGD with Nesterov momentum (mu = 0: plain)
     theta_g <- theta_g - lr (Delta + mu m)
     theta_i <- theta_g                        inner optimizer state is kept, not reset
@@ -65,7 +67,8 @@ class DiLoCoSync(SyncChannel):
         inner_steps: H (--diloco-inner-steps).
         outer_lr, outer_momentum: the outer Nesterov SGD (--diloco-outer-lr / -momentum).
         exchange: None for an exact fp32 all-reduce, else a ShardedExchange (lossy codec:
-            the replica keeps its residual and adds it to its next pseudo-gradient).
+            the replica keeps its residual and adds it to its next pseudo-gradient) or a
+            PowerSGDExchange (lowrank_exchange.py: per-parameter, keeps its own residuals).
         fragments: F (--diloco-fragments), 1 <= F, H % F == 0.
         error_decay: beta, the residual's weight when added to the next pseudo-gradient
             (1: plain error feedback; SparseLoCo decays it).
@@ -132,7 +135,7 @@ class DiLoCoSync(SyncChannel):
             snapshot = flatten(frags[f])
             job = {"f": f, "snapshot": snapshot, "apply_at": step + self.tau,
                    "delta": self.global_copy[f] - snapshot.to(self.global_copy[f].device),
-                   "iteration": iteration}
+                   "iteration": iteration, "shapes": [tuple(p.shape) for p in frags[f]]}
             if self.tau == 0:
                 self._reduce(job)
                 self._apply(job, frags[job["f"]])
@@ -156,8 +159,12 @@ class DiLoCoSync(SyncChannel):
         else:
             if self.residual[f] is not None:   # alpha 1: bit-identical to a plain add
                 delta.add_(self.residual[f], alpha=self.decay)
-            mean, dq, job["sent"] = self.exchange(delta, job["iteration"], key=str(f))
-            self.residual[f] = delta - dq
+            # a per-parameter codec (low rank) needs the fragment's shapes to cut it up
+            shapes = {"shapes": job["shapes"]} if getattr(self.exchange, "per_parameter",
+                                                          False) else {}
+            mean, dq, job["sent"] = self.exchange(delta, job["iteration"], key=str(f), **shapes)
+            if dq is not None:   # None: the codec keeps its residuals itself (PowerSGD's E)
+                self.residual[f] = delta - dq
             delta = mean
         job["mean"] = delta
 

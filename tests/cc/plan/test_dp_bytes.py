@@ -143,19 +143,40 @@ def test_cocktail_sgd(fake_collectives, pp, stage):
     assert (got["sent"], got["raw"]) == (3 * want["sent"], 3 * want["raw"])
 
 
-@pytest.mark.parametrize("compression", ["none", "int8", "fixpoint-4", "fp16"])
+@pytest.mark.parametrize("compression", ["none", "int8", "fixpoint-4", "fp16", "powersgd-4",
+                                         "powersgd-40"])
 @pytest.mark.parametrize("fragments,delay", [(1, 0), (2, 1)])
 def test_diloco(fake_collectives, compression, fragments, delay):
     from megatron.cc.grad_sync.diloco import DiLoCoSync
+    from megatron.cc.grad_sync.lowrank_exchange import PowerSGDExchange
     from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
     from megatron.cc.dp_modes.cocktail_sgd import flat_codec
     H = 4
     c = CompressionConfig(dp_mode="diloco", diloco_inner_steps=H, diloco_compression=compression,
                           diloco_fragments=fragments, diloco_sync_delay=delay)
-    ex = None if compression == "none" else ShardedExchange(
-        None, flat_codec(c, compression), flat_codec(c, compression))
+    if compression.startswith("powersgd"):   # rank 40: some matrices too small to pay
+        ex = PowerSGDExchange(None, int(compression.split("-")[1]))
+    else:
+        ex = None if compression == "none" else ShardedExchange(
+            None, flat_codec(c, compression), flat_codec(c, compression))
     _check_periodic(DiLoCoSync(None, ChannelStats(), H, exchange=ex, fragments=fragments,
                                sync_delay=delay), c, H)
+
+
+def test_diloco_powersgd_formula():
+    """The planner's low-rank bytes are the docstring's formula, by hand: 4 r (n + m) per
+    matrix worth compressing, 4 per exactly sent value (vectors, small matrices)."""
+    from megatron.cc.grad_sync.lowrank_exchange import sync_bytes
+    assert sync_bytes([(1000, 64), (64,), (3, 4, 5)], 4) == 4 * 4 * 1064 + 4 * 64 + 4 * 60
+    assert sync_bytes([(8, 8)], 4) == 4 * 64   # r (n + m) = n m: sent exactly
+    c = CompressionConfig(dp_mode="diloco", diloco_inner_steps=10, diloco_compression="powersgd-4")
+    specs = stage_params(SHAPE, 1, 1, 0)
+    want = sum(4 * 4 * (s.shape[0] + s.numel // s.shape[0]) if len(s.shape) == 2 else 4 * s.numel
+               for s in specs)
+    got = _predicted(c, 1, 0)
+    assert got["sent"] == pytest.approx(want / 10) and got["raw"] == pytest.approx(
+        4 * sum(s.numel for s in specs))
+    assert got["raw"] * 10 / want > 30   # the demo-like model: low rank pays
 
 
 def test_sparseloco(fake_collectives):
