@@ -49,7 +49,8 @@ Runs (dp=4, pp=1 unless the name says pp2):
                        round of rank r per matrix with error feedback (DiLoCoX), vectors exact
                        in fp32; sent per sync = sum 4 r (n + m) + 4 x vector values, so at
                        dp=4 on the demo model: H50 r4 x1158, H50 r6 x804, H30 r4 x695,
-                       H30 r2 x1241, H40 r3 x1188, H75 r6 x1206, H100 r8 x1232
+                       H30 r2 x1241, H40 r3 x1188, H75 r6 x1206, H100 r8 x1232;
+                       -avg: outer lr 1, no momentum; -m0.5: Nesterov momentum 0.5
 
     python bench/bench_dp_modes.py [--iters 300] [--runs allreduce,cocktail] [--replot]
     python bench/bench_dp_modes.py --warm-start 300 --out bench/results/warm --runs ...
@@ -111,6 +112,9 @@ def diloco(h: int, comp: str = "none"):
 
 def diloco_cocktail(h: int, random_ratio: float, bits: int = 2):
     return diloco(h, "cocktail") + cocktail(random_ratio, 1.0, bits)[2:]
+
+
+AVG = ["--diloco-outer-lr", "1", "--diloco-outer-momentum", "0"]
 
 
 def diloco_psgd(h: int, rank: int):
@@ -201,6 +205,12 @@ RUNS = {
     "diloco-H40-psgd3-dpadam": diloco_psgd(40, 3),     # x1188
     "diloco-H75-psgd6-dpadam": diloco_psgd(75, 6),     # x1206
     "diloco-H100-psgd8-dpadam": diloco_psgd(100, 8),   # x1232
+    # the same with a plain averaging outer step (lr 1, no momentum): Nesterov momentum over
+    # error-fed low-rank updates overshoots (a 30-iteration smoke run from scratch)
+    "diloco-H50-psgd4-avg-dpadam": diloco_psgd(50, 4) + AVG,       # x1158
+    "diloco-H30-psgd2-avg-dpadam": diloco_psgd(30, 2) + AVG,       # x1241
+    "diloco-H100-psgd8-avg-dpadam": diloco_psgd(100, 8) + AVG,     # x1232
+    "diloco-H50-psgd4-m0.5-dpadam": diloco_psgd(50, 4) + ["--diloco-outer-momentum", "0.5"],
 }
 
 
