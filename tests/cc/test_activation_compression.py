@@ -115,6 +115,21 @@ def test_contradictions_are_refused_before_training(tiny_corpus, flags, fragment
     assert fragment in str(e.value)
 
 
+@pytest.mark.parametrize("flag,value,fragment", [
+    ("compress-warmup-iters", "abc", "expected a whole number of iterations, got 'abc'"),
+    ("compress-warmup-iters", "1.5", "expected a whole number of iterations, got '1.5'"),
+    ("warmup-epochs", "x", "expected a number of epochs, got 'x'"),
+])
+def test_a_warmup_that_is_not_a_number_is_named(tiny_corpus, capsys, flag, value, fragment):
+    """argparse names the flag; the converter says what it expected (not 'invalid in_iters')."""
+    from megatron.training.arguments import parse_args
+    argv = _argv(tiny_corpus, **{"pipeline-model-parallel-size": 2}) + [f"--{flag}", value]
+    with pytest.raises(SystemExit):
+        parse_args(argv, world_size=2)
+    err = capsys.readouterr().err
+    assert f"argument --{flag}" in err and fragment in err
+
+
 @pytest.mark.parametrize("flags", [{"repeat-epoch": True},
                                    {"forward-compress-method": "delta"},
                                    {"forward-compress-method": "tah", "warmup-epochs": 1}])

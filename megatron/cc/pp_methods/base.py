@@ -3,6 +3,7 @@
 CompressionConfig inherits (flags and `args.compression.<field>` stay flat); `check`, `codec`
 and `policy` are static and take that composed config `c`."""
 import math
+from argparse import ArgumentTypeError
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Tuple
 
@@ -19,13 +20,21 @@ class Warmup:
     amount: float = 0
     unit: str = "iters"   # or "epochs"
 
+    # argparse shows an ArgumentTypeError's own text after the flag's name
     @classmethod
     def in_iters(cls, text: str) -> "Warmup":
-        return cls(int(text), "iters")
+        try:
+            return cls(int(text), "iters")
+        except ValueError:
+            raise ArgumentTypeError(f"expected a whole number of iterations, got {text!r}") \
+                from None
 
     @classmethod
     def in_epochs(cls, text: str) -> "Warmup":
-        return cls(float(text), "epochs")
+        try:
+            return cls(float(text), "epochs")
+        except ValueError:
+            raise ArgumentTypeError(f"expected a number of epochs, got {text!r}") from None
 
     def __str__(self) -> str:   # as given on the command line
         return f"--{'compress-warmup-iters' if self.unit == 'iters' else 'warmup-epochs'} " \
