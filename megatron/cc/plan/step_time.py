@@ -21,9 +21,15 @@ min(burst, bandwidth x that compute) (for the flows crossing together, their sum
            synchronous: (M + pp - 2) (c_fwd + c_bwd) on the critical path (every steady-state
            slot waits for its transfers, which cross one after the other: measured on the
            slow-link bench, a synchronous exchange costs about the sum of its two directions;
-           fill and drain add pp - 2); overlapped (--overlap-p2p-comm): the forward and the
-           backward stream use the link's two directions at once, so
-           (pp - 1) (c_fwd + c_bwd) + (M - 1) max(0, max(c_fwd, c_bwd) - (t_f + t_b)).
+           fill and drain add pp - 2); overlapped (--overlap-p2p-comm): each stage's compute
+           per micro-batch slot_s from its own parameters, and a steady-state period P =
+           overlapped_period(): at every boundary two chains of round trips (gradient out,
+           the upstream stage's backward and next forward, activation back) interleave, so
+           P = max(slot_(s+1), (c_fwd + c_bwd + slot_s + slot_(s+1)) / 2), the two directions
+           busy at once; exposed (pp - 1) (c_fwd + c_bwd) + (M - 1) (P - max_s slot_s), each
+           direction's bucket refilled only while it idles (P - c). Interleaved: the forward
+           and backward streams cross at once, each hidden by a chunk's compute:
+           (pp - 1) (c_fwd + c_bwd) + (M vp - 1) max(0, max(c_fwd, c_bwd) - slot).
     dp     a ring all-reduce of the x bytes a rank counts: 2 (D-1)/D x / bw + 2 (D-1) latency
            (+ codec time); exposed in full after backward, or past the last micro-batch's
            backward with --overlap-grad-reduce, or past the whole step when it runs in the
@@ -149,6 +155,21 @@ def pp_message_seconds(m, layout, c, cluster, totals, refill_s: float = 0.0):
     return tuple(out)
 
 
+def overlapped_period(slots, c_f: float, c_b: float) -> float:
+    """Steady-state time per micro-batch of overlapped non-interleaved 1F1B, from each stage's
+    compute per micro-batch (forward + backward) and one message's time each way.
+
+    At a boundary (s, s+1), stage s sends activation j after a forward that follows its
+    backward of the micro-batch whose gradient stage s+1 sent two of its slots earlier, so with
+    E_k the end of stage s+1's k-th backward: E_(k+2) = max(E_k + c_b + slot_s + c_f,
+    E_(k+1)) + slot_(s+1). Two such chains interleave, so the period is
+    max(slot_(s+1), (c_f + c_b + slot_s + slot_(s+1)) / 2): half the round trip is exposed,
+    and the two directions carry a message each at once. No stage can be faster than its own
+    compute, nor a direction than one message per period."""
+    chains = [(c_f + c_b + a + b) / 2 for a, b in zip(slots, slots[1:])]
+    return max(max(slots), c_f, c_b, *chains)
+
+
 def dp_seconds(m, layout, c, cluster, step_compute: float, t_b: float,
                overlap: bool = False, stage_lead: float = 0.0) -> float:
     """Exposed dp time of the slowest stage (every stage's dp groups run at once); stage s
@@ -261,8 +282,20 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
     if pp > 1:
         slot = (t_f + t_b + t_tp) / vp   # one chunk's compute: hides a transfer, refills
         c_f, c_b = pp_message_seconds(m, layout, c, cluster, totals, slot)
-        pp_t = ((pp - 1) * (c_f + c_b) + (M * vp - 1) * max(0.0, max(c_f, c_b) - slot)
-                if overlap else (M * vp + pp - 2) * (c_f + c_b))
+        if not overlap:
+            pp_t = (M * vp + pp - 2) * (c_f + c_b)
+        elif vp > 1:
+            pp_t = (pp - 1) * (c_f + c_b) + (M * vp - 1) * max(0.0, max(c_f, c_b) - slot)
+        else:
+            slots = [6 * stage_flops_params(m, layout, s) * T / rate + t_tp for s in range(pp)]
+            period = overlapped_period(slots, c_f, c_b)
+            for _ in range(50):   # a direction refills its bucket only while it idles
+                idle = period - max(c_f, c_b)
+                c_f, c_b = pp_message_seconds(m, layout, c, cluster, totals, idle)
+                period, before = overlapped_period(slots, c_f, c_b), period
+                if abs(period - before) <= 1e-9 * period:
+                    break
+            pp_t = (pp - 1) * (c_f + c_b) + (M - 1) * (period - max(slots))
     dp_t = dp_seconds(m, layout, c, cluster, compute + bubble, t_b,
                       overlap and c.dp_mode == "allreduce", t_b / vp)
     return StepTime(compute, bubble, pp_t, dp_t, emb_seconds(m, layout, c, cluster, totals),

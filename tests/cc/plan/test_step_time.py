@@ -58,10 +58,33 @@ def test_pipeline_transfer_on_the_critical_path():
     msg = 2 * (100e-6 + 32 * 2 * 64 * 4 / (1e9 / 8))        # one message each way
     assert sync.pp == pytest.approx((4 + 2 - 2) * msg)
     over = step_time(M4, lay, CompressionConfig(), cl, overlap=True)
-    t_fb = (sync.compute + sync.bubble) / (4 + 1)
-    # overlapped, the two directions cross at once: each slot waits for the longer one
-    assert over.pp == pytest.approx(msg + 3 * max(0.0, msg / 2 - t_fb))
+    # overlapped: two chains of round trips interleave, so a period is the mean of the round
+    # trip (both messages and both stages' compute) and the downstream stage's compute
+    rate = 1e12
+    slot0, slot1 = (6 * stage_flops_params(M4, lay, s) * 32 * 2 / rate for s in (0, 1))
+    assert slot1 > slot0 > 0 and sync.compute == pytest.approx(4 * slot1)
+    period = max(slot1, (msg + slot0 + slot1) / 2)
+    assert over.pp == pytest.approx(msg + 3 * (period - slot1))
     assert over.total <= sync.total
+
+
+def test_overlapped_period_of_1f1b():
+    """E_(k+2) = max(E_k + c_b + slot_s + c_f, E_(k+1)) + slot_(s+1), iterated, settles to
+    the closed form; neither compute nor a direction's messages can be outrun."""
+    from megatron.cc.plan.step_time import overlapped_period
+    for slots, c_f, c_b in [([0.03, 0.26], 0.44, 0.44), ([0.2, 0.2, 0.2], 0.1, 0.05),
+                            ([0.1, 0.5], 0.01, 0.02)]:
+        for s in range(len(slots) - 1):
+            E = [0.0, slots[s + 1]]
+            for k in range(200):
+                E.append(max(E[k] + c_b + slots[s] + c_f, E[k + 1]) + slots[s + 1])
+            # consecutive backwards pair up (two chains): the mean over two is the period
+            assert (E[-1] - E[-3]) / 2 == pytest.approx(
+                max(slots[s + 1], (c_f + c_b + slots[s] + slots[s + 1]) / 2))
+        assert overlapped_period(slots, c_f, c_b) == pytest.approx(max(
+            max(slots), c_f, c_b, *[(c_f + c_b + a + b) / 2 for a, b in zip(slots, slots[1:])]))
+    assert overlapped_period([0.03, 0.26], 0.44, 0.44) == pytest.approx((0.88 + 0.29) / 2)
+    assert overlapped_period([0.1, 0.1], 5.0, 0.0) == 5.0   # one direction's messages
 
 
 def _two_sides(burst_kb=0.0, gbps=0.01):
