@@ -159,10 +159,9 @@ class DiLoCoSync(SyncChannel):
         else:
             if self.residual[f] is not None:   # alpha 1: bit-identical to a plain add
                 delta.add_(self.residual[f], alpha=self.decay)
-            # a per-parameter codec (low rank) needs the fragment's shapes to cut it up
-            shapes = {"shapes": job["shapes"]} if getattr(self.exchange, "per_parameter",
-                                                          False) else {}
-            mean, dq, job["sent"] = self.exchange(delta, job["iteration"], key=str(f), **shapes)
+            # the fragment's shapes: a per-parameter codec (low rank) cuts the vector up by them
+            mean, dq, job["sent"] = self.exchange(delta, job["iteration"], key=str(f),
+                                                  shapes=job["shapes"])
             if dq is not None:   # None: the codec keeps its residuals itself (PowerSGD's E)
                 self.residual[f] = delta - dq
             delta = mean

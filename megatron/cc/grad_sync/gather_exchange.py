@@ -34,8 +34,9 @@ class GatherExchange:
         self.group, self.codec = group, codec
         self.world = dist.get_world_size(group)
 
-    def __call__(self, x: torch.Tensor, step: int, key: str = "") -> Tuple[torch.Tensor,
-                                                                          torch.Tensor, int]:
+    def __call__(self, x: torch.Tensor, step: int, key: str = "",
+                 shapes=()) -> Tuple[torch.Tensor, torch.Tensor, int]:
+        # shapes: for per-parameter codecs (DiLoCoSync passes them); a flat codec ignores them
         n, D = x.numel(), self.world
         payload = self.codec.compress(x.reshape(-1), step)
         dq = self.codec.decompress(payload, n, step)

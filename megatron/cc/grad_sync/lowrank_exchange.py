@@ -69,9 +69,6 @@ class PowerSGDExchange:
             a test forces every matrix through at full rank).
     """
 
-    per_parameter = True    # DiLoCoSync passes the fragment's shapes
-    keeps_residual = True   # DiLoCoSync adds no residual of its own
-
     def __init__(self, group, rank: int, seed: int = 0,
                  compress: Optional[Callable[[Tuple[int, ...]], bool]] = None):
         if rank < 1:

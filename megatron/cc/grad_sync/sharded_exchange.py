@@ -60,9 +60,11 @@ class ShardedExchange:
     def shard_size(self, numel: int) -> int:
         return -(-numel // self.world)
 
-    def __call__(self, x: torch.Tensor, step: int, key: str = "") -> Tuple[torch.Tensor,
-                                                                          torch.Tensor, int]:
-        """(U, dq, bytes counted) for the flat fp32 vector x; collective over the group."""
+    def __call__(self, x: torch.Tensor, step: int, key: str = "",
+                 shapes=()) -> Tuple[torch.Tensor, torch.Tensor, int]:
+        """(U, dq, bytes counted) for the flat fp32 vector x; collective over the group.
+        `shapes` (the tensors x concatenates) is for per-parameter codecs; a flat one ignores
+        it."""
         n, D = x.numel(), self.world
         s = self.shard_size(n)
         chunks = torch.nn.functional.pad(x.float(), (0, s * D - n)).view(D, s)

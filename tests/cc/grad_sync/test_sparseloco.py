@@ -31,9 +31,9 @@ class _Recorder:
     def __init__(self, exchange):
         self.inner, self.calls = exchange, []
 
-    def __call__(self, x, step, key=""):
+    def __call__(self, x, step, key="", shapes=()):
         x_in = x.clone()
-        mean, dq, counted = self.inner(x, step, key)
+        mean, dq, counted = self.inner(x, step, key, shapes)
         self.calls.append((x_in, dq.clone()))
         return mean, dq, counted
 
