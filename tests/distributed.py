@@ -60,6 +60,17 @@ def _entry(worker, rank, world_size, port, args, queue, env):
             dist.destroy_process_group()
 
 
+def by_value(x):
+    """Tensors (in tuples, lists, dicts) as numpy arrays: a worker's result leaves the spawned
+    rank by value (shared-memory handles die with the rank)."""
+    import torch
+    if isinstance(x, (tuple, list)):
+        return type(x)(by_value(v) for v in x)
+    if isinstance(x, dict):
+        return {k: by_value(v) for k, v in x.items()}
+    return x.numpy() if torch.is_tensor(x) else x
+
+
 def run_distributed(worker, world_size, args=(), timeout=300):
     ctx = _context()
     queue = ctx.Queue()

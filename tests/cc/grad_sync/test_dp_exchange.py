@@ -18,18 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed import run_distributed
+from tests.distributed import by_value as _np, run_distributed
 
 N = 1000   # not a multiple of 4 x 128: padding of the last shard and of the last bucket
-
-
-def _np(x):
-    """Tensors leave the spawned ranks by value (shared-memory handles die with the rank)."""
-    if isinstance(x, (tuple, list)):
-        return type(x)(_np(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _np(v) for k, v in x.items()}
-    return x.numpy() if torch.is_tensor(x) else x
 
 
 def _t(x):

@@ -12,17 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed import run_distributed
+from tests.distributed import by_value as _np, run_distributed
 
 SHAPES = [(50, 60), (50,), (80, 50), (80,), (3, 4, 5)]   # wide, tall, vectors, a 3-D tensor
-
-
-def _np(x):
-    if isinstance(x, (tuple, list)):
-        return type(x)(_np(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _np(v) for k, v in x.items()}
-    return x.numpy() if torch.is_tensor(x) else x
 
 
 def _model():

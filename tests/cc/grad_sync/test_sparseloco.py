@@ -12,17 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed import run_distributed
+from tests.distributed import by_value as _np, run_distributed
 
 N = 9000   # not a multiple of the chunk: a padded last chunk
-
-
-def _np(x):
-    if isinstance(x, (tuple, list)):
-        return type(x)(_np(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _np(v) for k, v in x.items()}
-    return x.numpy() if torch.is_tensor(x) else x
 
 
 class _Recorder:
