@@ -6,10 +6,14 @@ the output layer on the last stage; embedding lookups are free; attention's S^2 
 out; tensor-parallel all-reduces are the tp term below), at the cluster's achieved TFLOP/s per GPU. The
 slowest stage sets the pace: compute = M (t_f + t_b), bubble = (pp - 1)(t_f + t_b).
 Interleaved 1F1B (Layout.virtual_stages = vp > 1): the bubble is (pp - 1)(t_f + t_b) / vp
-(Megatron's), every rank sends M vp messages each way (pp vp - 1 boundaries, the wrap-around
-one included), each behind one chunk's compute (t_f + t_b) / vp, so below M becomes M vp,
-(t_f + t_b) becomes (t_f + t_b) / vp and the tp term's fill (pp - 1) becomes (pp - 1) / vp.
-An estimate, not validated against a measured interleaved run.
+(Megatron's) and the tp term's fill (pp - 1) becomes (pp - 1) / vp. Of the pp vp - 1 virtual
+boundaries (the wrap-around one included), B = `boundaries_per_pair` join the busiest pair of
+neighbouring ranks: vp, or at pp = 2, where the wrap-around joins the same two ranks, 2 vp - 1.
+That pair's link carries M B messages each way, each behind (t_f + t_b) / B of compute, so
+below M becomes M B and the slot (t_f + t_b) / B. Measured on the slow link
+(bench/results/slow_link_interleaved/): shaped synchronous runs within 15% with B, overlapped
+ones under-predicted by up to 37%, the two directions of a gloo pair taking turns
+(bench_link_duplex.py) where the formula lets them overlap.
 
 Communication, per channel, from the exact bytes (channel_bytes.py) over the slowest link a
 channel's group spans (links.py); a transfer of x bytes costs latency + x / bandwidth, and the
@@ -155,6 +159,13 @@ def pp_message_seconds(m, layout, c, cluster, totals, refill_s: float = 0.0):
     return tuple(out)
 
 
+def boundaries_per_pair(pp: int, vp: int) -> int:
+    """Virtual-stage boundaries joining the busiest pair of neighbouring pipeline ranks: one
+    per model chunk (vp), and at pp = 2 the vp - 1 wrap-around ones too (the last rank's chunk
+    c feeds chunk c + 1 of rank 0: the same two ranks)."""
+    return 2 * vp - 1 if pp == 2 and vp > 1 else vp
+
+
 def overlapped_period(slots, c_f: float, c_b: float) -> float:
     """Steady-state time per micro-batch of overlapped non-interleaved 1F1B, from each stage's
     compute per micro-batch (forward + backward) and one message's time each way.
@@ -280,12 +291,13 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
     totals = channel_bytes(m, layout, c)
     pp_t = 0.0
     if pp > 1:
-        slot = (t_f + t_b + t_tp) / vp   # one chunk's compute: hides a transfer, refills
+        B = boundaries_per_pair(pp, vp)
+        slot = (t_f + t_b + t_tp) / B   # the compute behind one message: hides it, refills
         c_f, c_b = pp_message_seconds(m, layout, c, cluster, totals, slot)
         if not overlap:
-            pp_t = (M * vp + pp - 2) * (c_f + c_b)
+            pp_t = (M * B + pp - 2) * (c_f + c_b)
         elif vp > 1:
-            pp_t = (pp - 1) * (c_f + c_b) + (M * vp - 1) * max(0.0, max(c_f, c_b) - slot)
+            pp_t = (pp - 1) * (c_f + c_b) + (M * B - 1) * max(0.0, max(c_f, c_b) - slot)
         else:
             slots = [6 * stage_flops_params(m, layout, s) * T / rate + t_tp for s in range(pp)]
             period = overlapped_period(slots, c_f, c_b)

@@ -129,14 +129,25 @@ def test_replicas_crossing_opposite_ways_do_not_share_a_direction():
 
 def test_interleaving_divides_the_bubble_and_multiplies_the_messages():
     """vp = 2: bubble / 2; a micro-batch crosses pp vp - 1 = 3 boundaries (the wrap-around
-    one included), so every rank sends M vp messages each way, each behind half the compute."""
+    one included). At pp = 2 all three join the same two ranks, so their link carries 3 M
+    messages each way (measured so on the slow link: bench/results/slow_link_interleaved/);
+    at pp = 4 the busiest pair carries vp = 2 per micro-batch."""
+    from megatron.cc.plan.step_time import boundaries_per_pair
+    assert [boundaries_per_pair(2, v) for v in (1, 2, 4)] == [1, 3, 7]
+    assert [boundaries_per_pair(4, v) for v in (1, 2, 4)] == [1, 2, 4]
     cl = _cluster(inter_gbps=1.0, lat_us=100)
     plain, inter = (step_time(M4, Layout(1, 2, 1, micro_batch_size=2, num_microbatches=4,
                                          virtual_stages=vp), CompressionConfig(), cl)
                     for vp in (1, 2))
     assert inter.compute == plain.compute and inter.bubble == pytest.approx(plain.bubble / 2)
     msg = 2 * (100e-6 + 32 * 2 * 64 * 4 / (1e9 / 8))
-    assert inter.pp == pytest.approx((4 * 2 + 2 - 2) * msg)
+    assert inter.pp == pytest.approx((4 * 3 + 2 - 2) * msg)
+    cl4 = _cluster(nodes=4, inter_gbps=1.0, lat_us=100)
+    m8 = ModelShape(num_layers=8, hidden_size=64, num_attention_heads=4, vocab_size=1024,
+                    seq_length=32)   # one layer per chunk at pp 4 x vp 2
+    four = step_time(m8, Layout(1, 4, 1, micro_batch_size=2, num_microbatches=4,
+                                virtual_stages=2), CompressionConfig(), cl4)
+    assert four.pp == pytest.approx((4 * 2 + 4 - 2) * msg)
     from megatron.cc.plan.channel_bytes import channel_bytes
     c = CompressionConfig(inter_grad_comp=True, inter_grad_comp_rank=4,
                           inter_grad_comp_epilogue_only=True)
