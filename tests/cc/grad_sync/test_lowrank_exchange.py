@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.cc.grad_sync.inner_steps import drive, final_after_resume
 from tests.distributed import by_value as _np, run_distributed
 
 SHAPES = [(50, 60), (50,), (80, 50), (80,), (3, 4, 5)]   # wide, tall, vectors, a 3-D tensor
@@ -25,20 +26,10 @@ def _model():
     return model
 
 
-def _drive(sync, model, gen, iters, start=0):
-    """Random local 'inner steps' on each replica, the sync hooks as the trainer calls them."""
-    for it in range(start, start + iters):
-        sync(model, it)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=gen) * 0.01)
-        sync.after_optimizer_step(model, it)
-
-
 def _final(make, seed, iters=12):
     from megatron.cc.grad_sync.param_sync import flatten
     model, sync = _model(), make()
-    _drive(sync, model, torch.Generator().manual_seed(seed), iters)
+    drive(sync, model, torch.Generator().manual_seed(seed), iters)
     sync.flush(model)
     return flatten(list(model.parameters()))
 
@@ -80,17 +71,8 @@ def _worker(rank, world):
                               sync_delay=1, exchange=PowerSGDExchange(group, 2, seed=7))
 
     def run(split):
-        from megatron.cc.grad_sync.param_sync import flatten
-        g = torch.Generator().manual_seed(200 + rank)
-        model, sync = _model(), make()
-        _drive(sync, model, g, split)
-        if split < 12:
-            sd = sync.state_dict()
-            sync = make()
-            sync.load_state_dict(sd)
-            _drive(sync, model, g, 12 - split, start=split)
-        sync.flush(model)
-        return flatten(list(model.parameters()))
+        return final_after_resume(make, _model(), torch.Generator().manual_seed(200 + rank),
+                                  split)
     out["resume"] = (run(12), run(6), run(5))
     return _np(out)
 

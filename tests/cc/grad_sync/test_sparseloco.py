@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.cc.grad_sync.inner_steps import drive, final_after_resume
 from tests.distributed import by_value as _np, run_distributed
 
 N = 9000   # not a multiple of the chunk: a padded last chunk
@@ -41,23 +42,6 @@ def _linear(seed=0):
     return lin
 
 
-def _drive(sync, model, gen, iters, start=0, record=None):
-    """Random local 'inner steps' on each replica; the sync hooks as the trainer calls them.
-    record: per iteration, the pseudo-gradient of every fragment just before the sync hook
-    and the error buffers just after it."""
-    from megatron.cc.grad_sync.param_sync import flatten
-    for it in range(start, start + iters):
-        sync(model, it)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=gen) * 0.01)
-        if record is not None:
-            delta = [g - flatten(f) for g, f in zip(sync.global_copy, sync._fragments(model))]
-        sync.after_optimizer_step(model, it)
-        if record is not None:
-            record.append((delta, [None if e is None else e.clone() for e in sync.residual]))
-
-
 def _worker(rank, world):
     from megatron.cc.compress.chunk_topk import ChunkTopKCodec
     from megatron.cc.grad_sync.diloco import DiLoCoSync
@@ -83,7 +67,7 @@ def _worker(rank, world):
     sync.exchange = rec = _Recorder(sync.exchange)
     model = _linear()
     states = []
-    _drive(sync, model, gen, 12, record=states)
+    drive(sync, model, gen, 12, record=states)
     sizes = [g.numel() for g in sync.global_copy]
     out["feedback"] = (rec.calls, states, sizes, dict(stats.sent), dict(stats.raw),
                        dict(stats.messages))
@@ -97,25 +81,16 @@ def _worker(rank, world):
         g = torch.Generator().manual_seed(100 + rank)
         model = _linear()
         start = flatten(list(model.parameters()))
-        _drive(make(), model, g, 12)
+        drive(make(), model, g, 12)
         finals.append((flatten(list(model.parameters())), start))
     out["dense"] = finals
     # 4. resume: 6 iterations, state_dict -> a fresh sync -> 6 more == 12 straight
     def run(split):
-        g = torch.Generator().manual_seed(200 + rank)
         model = _linear()
         make = lambda: SparseLoCoSync(dist.group.WORLD, ChannelStats(),   # noqa: E731
                                       ChunkTopKCodec(0.1, 128, 2, stochastic=True, seed=rank),
                                       inner_steps=4, fragments=2, sync_delay=1)
-        sync = make()
-        _drive(sync, model, g, split)
-        if split < 12:
-            sd = sync.state_dict()
-            sync = make()
-            sync.load_state_dict(sd)
-            _drive(sync, model, g, 12 - split, start=split)
-        sync.flush(model)
-        return flatten(list(model.parameters()))
+        return final_after_resume(make, model, torch.Generator().manual_seed(200 + rank), split)
     out["resume"] = (run(12), run(6))
     return _np(out)
 
