@@ -6,7 +6,7 @@ from typing import Optional
 from megatron.cc.config_fields import ConfigError, flag
 from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode, exact_bytes
 from megatron.cc.grad_sync.overlap import OverlappedExactSync, OverlappedPowerSGDSync
-from megatron.cc.grad_sync.powersgd import PowerSGDDataParallelSync, worth_compressing
+from megatron.cc.grad_sync.powersgd import PowerSGDDataParallelSync, sent_values
 from megatron.cc.grad_sync.randomized_svd import RandomizedSVDDataParallelSync
 from megatron.cc.grad_sync.sync import ExactDataParallelSync
 
@@ -95,12 +95,11 @@ class AllReduce(DpMode):
         warm = int(c.grad_comp_warm_up * layout.train_iters)
         if stage >= c.compressed_stages(layout.pp) or (iteration is not None and iteration < warm):
             return exact_bytes(params)
-        r, exact, lowrank = c.grad_comp_rank, 0, 0
-        for p in params:
-            if p.embedding_or_output or not worth_compressing(p.shape, r):
-                exact += p.numel
-            else:
-                lowrank += r * (p.shape[0] + p.numel // p.shape[0])
+        exact = lowrank = 0
+        for p in params:   # embedding / output weights stay exact (powersgd.py's rule)
+            e, f = (p.numel, 0) if p.embedding_or_output else \
+                sent_values(p.shape, c.grad_comp_rank)
+            exact, lowrank = exact + e, lowrank + f
         if c.grad_comp_type == "RandomizedSVD":
             lowrank *= 1 + (1 if c.grad_comp_niter is None else c.grad_comp_niter)
         return {"sent": GRAD_BYTES * (exact + lowrank), "messages": 1,

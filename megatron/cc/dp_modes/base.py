@@ -16,10 +16,11 @@ def exact_bytes(params) -> dict:
     return {"sent": n, "raw": n, "messages": 1}
 
 
-def segment_sizes(params) -> dict:
-    """param_sync.param_segments on sizes: {segment: [numel, ...]}, the tied embedding apart."""
-    out = {"embedding": [p.numel for p in params if p.shared_embedding],
-           "params": [p.numel for p in params if not p.shared_embedding]}
+def segment_specs(params) -> dict:
+    """param_sync.param_segments on ParamSpecs: {segment: [spec, ...]}, the tied embedding
+    apart, empty segments left out."""
+    out = {"embedding": [p for p in params if p.shared_embedding],
+           "params": [p for p in params if not p.shared_embedding]}
     return {k: v for k, v in out.items() if v}
 
 

@@ -4,7 +4,7 @@ import math
 from dataclasses import dataclass
 
 from megatron.cc.config_fields import ConfigError, flag
-from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode, exact_bytes, segment_sizes
+from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode, exact_bytes, segment_specs
 from megatron.cc.grad_sync.cocktail import CocktailSGDSync
 from megatron.cc.grad_sync.flat_codecs import make_flat_codec
 from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
@@ -77,7 +77,7 @@ class CocktailSGD(DpMode):
         if iteration == c.cocktail_warmup_steps and not c.cocktail_no_overlap:
             return {"sent": 0, "raw": 0, "messages": 0}   # the first exchange is counted next step
         codec = flat_codec(c, "cocktail")
-        sizes = [sum(v) for v in segment_sizes(params).values()]
+        sizes = [sum(p.numel for p in v) for v in segment_specs(params).values()]
         return {"sent": sum(sharded_exchange_bytes(n, layout.dp, codec) for n in sizes),
                 "raw": GRAD_BYTES * sum(sizes), "messages": 1}
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from megatron.cc.config_fields import ConfigError, flag
-from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode
+from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode, segment_specs
 from megatron.cc.dp_modes.cocktail_sgd import flat_codec, sharded_exchange, sharded_exchange_bytes
 from megatron.cc.grad_sync.diloco import DiLoCoSync, split_fragments
 from megatron.cc.grad_sync.flat_codecs import parse_fixpoint_bits
@@ -45,10 +45,9 @@ class DiLoCoLoop(DpMode):
         (counted tau steps after their sync), or the H-period average when iteration is None;
         fragments from diloco.py's own `split_fragments`."""
         H, F, tau = c.diloco_inner_steps, c.diloco_fragments, c.diloco_sync_delay
-        segments = {"embedding": [], "params": []}   # param_sync.param_segments on specs
-        for p in params:
-            segments["embedding" if p.shared_embedding else "params"].append(
-                SimpleNamespace(numel=lambda n=p.numel: n, shape=tuple(p.shape)))
+        # split_fragments asks numel() of a parameter; a ParamSpec has it as a property
+        segments = {k: [SimpleNamespace(numel=lambda n=p.numel: n, shape=tuple(p.shape))
+                        for p in v] for k, v in segment_specs(params).items()}
         shapes = [[p.shape for p in f] for f in split_fragments(segments, F)]
         sizes = [sum(math.prod(s) for s in f) for f in shapes]
         if iteration is None:

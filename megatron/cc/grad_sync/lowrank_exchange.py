@@ -32,7 +32,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from megatron.cc.grad_sync.powersgd import PowerSGDDataParallelSync, worth_compressing
+from megatron.cc.grad_sync.powersgd import (PowerSGDDataParallelSync, sent_values,
+                                             worth_compressing)
 from megatron.cc.stats import ChannelStats
 
 GRAD_BYTES = 4   # fp32 factors and exact values
@@ -48,14 +49,7 @@ def parse_powersgd_rank(name: str) -> Optional[int]:
 
 def sync_bytes(shapes: Sequence[Sequence[int]], rank: int) -> int:
     """The module docstring's `sent` for one sync of a fragment of tensors shaped `shapes`."""
-    total = 0
-    for shape in shapes:
-        if worth_compressing(shape, rank):
-            n, m = int(shape[0]), math.prod(int(s) for s in shape[1:])
-            total += GRAD_BYTES * rank * (n + m)
-        else:
-            total += GRAD_BYTES * math.prod(int(s) for s in shape)
-    return total
+    return GRAD_BYTES * sum(sum(sent_values(shape, rank)) for shape in shapes)
 
 
 class PowerSGDExchange:

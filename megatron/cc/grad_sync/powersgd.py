@@ -53,6 +53,18 @@ def worth_compressing(shape, rank: int) -> bool:
     return rank * (n + m) < n * m
 
 
+def sent_values(shape, rank: int) -> Tuple[int, int]:
+    """(values sent exactly, values of P and Q) for one tensor through PowerSGD at `rank`: the
+    whole tensor where not worth_compressing, else r (n + m) factor values."""
+    numel = 1
+    for s in shape:
+        numel *= int(s)
+    if not worth_compressing(shape, rank):
+        return numel, 0
+    n = int(shape[0])
+    return 0, rank * (n + numel // n)
+
+
 def is_embedding_or_output(param) -> bool:
     return bool(getattr(param, "is_embedding_or_output_parameter", False)
                 or getattr(param, "shared_embedding", False))
