@@ -40,8 +40,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str) -> Non
         names += [a for a in f.metadata.get("aliases", ()) if a not in names]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         for name, (parse, help_) in (f.metadata.get("spellings") or {}).items():
-            names = dict.fromkeys([name, "--" + name[2:].replace("-", "_")])
-            group.add_argument(*names, dest=f.name, default=default, type=parse, help=help_,
+            spelled = dict.fromkeys([name, "--" + name[2:].replace("-", "_")])
+            group.add_argument(*spelled, dest=f.name, default=default, type=parse, help=help_,
                                action=_Spelling, metavar=name[2:].upper().replace("-", "_"))
         if f.metadata.get("spellings"):
             continue

@@ -32,8 +32,9 @@ min(burst, bandwidth x that compute) (for the flows crossing together, their sum
            P = max(slot_(s+1), (c_fwd + c_bwd + slot_s + slot_(s+1)) / 2), the two directions
            busy at once; exposed (pp - 1) (c_fwd + c_bwd) + (M - 1) (P - max_s slot_s), each
            direction's bucket refilled only while it idles (P - c). Interleaved: the forward
-           and backward streams cross at once, each hidden by a chunk's compute:
-           (pp - 1) (c_fwd + c_bwd) + (M vp - 1) max(0, max(c_fwd, c_bwd) - slot).
+           and backward streams cross at once, each hidden by the compute behind a message:
+           (pp - 1) (c_fwd + c_bwd) + (M B - 1) max(0, max(c_fwd, c_bwd) - slot), B and slot
+           as above.
     dp     a ring all-reduce of the x bytes a rank counts: 2 (D-1)/D x / bw + 2 (D-1) latency
            (+ codec time); exposed in full after backward, or past the last micro-batch's
            backward with --overlap-grad-reduce, or past the whole step when it runs in the
