@@ -116,9 +116,8 @@ def _transfer(cluster: Cluster, level: str, nbytes: float, flows: int,
     """One message of nbytes per flow, `flows` of them crossing one direction of the level's
     link at once (shared on the inter-datacentre level), the bucket refilled for refill_s."""
     link = cluster.links[level]
-    shared = flows if level == "inter_datacentre" else 1
     tokens = min(link.burst_bytes, link.bytes_per_s * refill_s)
-    return link.latency_s + max(0.0, shared * nbytes - tokens) / link.bytes_per_s
+    return link.latency_s + max(0.0, _sharing(level, flows) * nbytes - tokens) / link.bytes_per_s
 
 
 def _pp_level(cluster, layout):
@@ -209,9 +208,14 @@ def dp_seconds(m, layout, c, cluster, step_compute: float, t_b: float,
     return worst
 
 
+def _sharing(level: str, flows: int) -> int:
+    """Flows that share one link of `level`: the inter-datacentre interconnect is one pipe,
+    the other levels are per GPU."""
+    return flows if level == "inter_datacentre" else 1
+
+
 def _bw(cluster, level, flows):
-    link = cluster.links[level]
-    return link.bytes_per_s / (flows if level == "inter_datacentre" else 1)
+    return cluster.links[level].bytes_per_s / _sharing(level, flows)
 
 
 def _exposed_dp(c, t: float, step: float, t_b: float, period: float, overlap: bool,
