@@ -237,8 +237,10 @@ class SlowLink:
     `run` executes one command (a list); injectable so the clean-up can be tested without root.
     """
 
-    def __init__(self, tag: Optional[str] = None, run: Callable = None):
+    def __init__(self, tag: Optional[str] = None, run: Callable = None,
+                 slow_start_after_idle: Optional[int] = None):
         tag = tag or str(os.getpid())
+        self.slow_start_after_idle = slow_start_after_idle
         self.ns = (f"mcc{tag}a", f"mcc{tag}b")
         self.dev = (f"mcc{tag}x", f"mcc{tag}y")
         self.ip = ("10.211.0.1", "10.211.0.2")
@@ -259,6 +261,9 @@ class SlowLink:
         for ns, dev, ip in zip(self.ns, self.dev, self.ip):
             self.sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
             self.sh("ip", "-n", ns, "link", "set", dev, "up")
+            if self.slow_start_after_idle is not None:   # per namespace
+                self.sh("ip", "netns", "exec", ns, "sysctl", "-qw",
+                        f"net.ipv4.tcp_slow_start_after_idle={self.slow_start_after_idle}")
         return self
 
     def set_rate(self, rate: str) -> None:
@@ -539,6 +544,10 @@ def main(argv=None) -> int:
     p.add_argument("--virtual-pipeline", type=int, default=None, metavar="N",
                    help="also run each pipeline configuration interleaved, N model chunks per "
                         "stage (rows <name>-vpN): step time of 1F1B vs interleaved 1F1B")
+    p.add_argument("--tcp-slow-start-after-idle", type=int, choices=[0, 1], default=None,
+                   help="set net.ipv4.tcp_slow_start_after_idle in both namespaces (Linux's "
+                        "default 1 restarts a connection's congestion window after an idle "
+                        "RTO); default: leave the kernel's setting")
     a = p.parse_args(argv)
     try:
         rates, names = parse_rates(a.rates), parse_configs(a.configs)
@@ -563,7 +572,7 @@ def main(argv=None) -> int:
     overlaps = {"both": (False, True), "on": (True,), "off": (False,)}[a.overlap]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # run the clean-up on kill too
     port = 29400
-    with SlowLink() as link:
+    with SlowLink(slow_start_after_idle=a.tcp_slow_start_after_idle) as link:
         for rate in rates:
             link.set_rate(rate)
             for name in names:

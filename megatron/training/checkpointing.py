@@ -43,6 +43,7 @@ from megatron.training.checkpoint_io import fsync_dir, safe_load, write_file
 from megatron.training.checkpoint_select import (  # noqa: F401  (re-exported for tools/)
     LATEST, choose_checkpoint, committed_iterations, iter_dir, read_latest)
 from megatron.training.model import chunks_of, global_param_names, unwrap
+from megatron.training.subspace import fill_old_state
 from megatron.training.topology import Topology, cuda_available
 
 # 2: per-file .sha256 checksums, loadable with weights_only=True. 3: Megatron-LM's layout
@@ -232,6 +233,7 @@ class ModelState:
                                  f"rank); run with the saved one")
             expected = model.state_dict()
             saved = to_model_names(sd[key], expected)   # local <-> Transformer Engine spec
+            fill_old_state(saved, expected)
             check_state_matches(saved, expected, sd.get("args"), self.model_args)
             model.load_state_dict(saved, strict=True)
         self.optimizer.reload_model_params()

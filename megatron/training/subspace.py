@@ -88,6 +88,8 @@ from megatron.core.models.gpt import GPTModel
 from megatron.cc.pp_methods.subspace import Subspace
 from megatron.training.config_flags import ConfigError
 
+WRITE_SCALE = "subspace_write_scale"   # the buffer holding a (module docstring)
+
 
 # --------------------------------------------------------------------------- flags
 
@@ -105,6 +107,11 @@ def bits(args) -> int:
     return Subspace.bits(args.compression)
 
 
+def write_scale(args) -> float:
+    """a of W_eff = a U U^T W for a fresh model (a checkpoint brings its own)."""
+    return Subspace.write_scale(args.compression, args.model.hidden_size)
+
+
 def pipeline_width(args) -> int:
     """Last dim of a pipeline message: k coefficients, or H."""
     return rank(args) if sends_coefficients(args) else args.model.hidden_size
@@ -118,9 +125,15 @@ def validate(args) -> None:
         raise ConfigError(f"--subspace-bits sets the coefficients' bits of {method}, but "
                           f"--forward-compress-method is {c.forward_compress_method}")
     if k is None:
+        if c.subspace_write_scale is not None:
+            raise ConfigError("--subspace-write-scale scales the subspace model's writes; give "
+                              "--subspace-rank K or --forward-compress-method subspace too")
         return
     h = args.model.hidden_size
     who = f"--subspace-rank {k}"
+    if not write_scale(args) > 0:
+        raise ConfigError(f"--subspace-write-scale {c.subspace_write_scale}: must be > 0 "
+                          f"(default sqrt(k / --hidden-size) = {math.sqrt(k / h):.4g})")
     if not 1 <= k <= h:
         raise ConfigError(f"{who}: the subspace rank must be in 1..--hidden-size ({h})")
     if not 0 <= bits(args) <= 8:
@@ -174,10 +187,11 @@ class SubspaceGPTModel(GPTModel):
     (S, B, k) out (non-last stages); otherwise it is the ordinary stage interface.
     """
 
-    def constrain(self, k: int, seed: int, sends_coefficients: bool) -> None:
+    def constrain(self, k: int, seed: int, sends_coefficients: bool, scale: float) -> None:
         h = self.config.hidden_size
         # saved with the model: an imported model's U is chosen from its weights
         self.register_buffer("subspace_basis", basis(seed, h, k), persistent=True)
+        self.register_buffer(WRITE_SCALE, torch.tensor(float(scale)), persistent=True)
         self.sends_coefficients = sends_coefficients
         self._coefficients = None
         for layer in self.decoder.layers:
@@ -196,22 +210,23 @@ class SubspaceGPTModel(GPTModel):
         """U stays fp32 whatever the training dtype: in bf16 its columns would be orthonormal
         to ~1e-2 only, and U^T U != I would make the receiver's x0 + U c differ from the
         sender's x by that much. Device moves apply; dtype casts do not."""
-        basis = self._buffers.get("subspace_basis")
+        kept = {n: self._buffers.get(n) for n in ("subspace_basis", WRITE_SCALE)}
         super()._apply(fn, recurse)
-        if basis is not None:
-            self._buffers["subspace_basis"] = basis.to(fn(basis).device)
+        for n, b in kept.items():
+            if b is not None:
+                self._buffers[n] = b.to(fn(b).device)
         return self
 
     def _project_write(self, module, inputs, output):
-        """A block's write (out, bias) -> (out U U^T, U U^T bias): out of a linear, so this is
-        the layer with W_eff = U U^T W. Runs before the tp channel's sum of partial outputs
+        """A block's write (out, bias) -> (a out U U^T, a U U^T bias): out of a linear, so this
+        is the layer with W_eff = a U U^T W. Runs before the tp channel's sum of partial outputs
         (hooks in registration order): the projection is linear, the sum the same. In fp32
         (no-op casts when training in fp32)."""
-        u = self.subspace_basis
+        u, a = self.subspace_basis, self.subspace_write_scale
         out, bias = output
-        out = ((out.float() @ u) @ u.t()).to(out.dtype)
+        out = (((out.float() @ u) * a) @ u.t()).to(out.dtype)
         if bias is not None:
-            bias = (u @ (u.t() @ bias.float())).to(bias.dtype)
+            bias = (u @ ((u.t() @ bias.float()) * a)).to(bias.dtype)
         return out, bias
 
     def set_input_tensor(self, input_tensor) -> None:
@@ -250,7 +265,17 @@ def constrain(model, args) -> None:
     """Finish a SubspaceGPTModel (before the seed-keyed init: the x0 copy is initialised with
     the embedding's values by its global name)."""
     if isinstance(model, SubspaceGPTModel):
-        model.constrain(rank(args), args.training.seed, sends_coefficients(args))
+        model.constrain(rank(args), args.training.seed, sends_coefficients(args),
+                        write_scale(args))
+
+
+def fill_old_state(saved: dict, expected: dict) -> None:
+    """A subspace checkpoint saved before the write scale existed was trained with a = 1: give
+    it that, so it loads (strictly) and keeps computing what it did."""
+    for key in expected:
+        if key.endswith(WRITE_SCALE) and key not in saved and \
+                key[:-len(WRITE_SCALE)] + "subspace_basis" in saved:
+            saved[key] = torch.ones((), dtype=torch.float32)
 
 
 def global_name(name: str) -> str:

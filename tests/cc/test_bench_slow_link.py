@@ -143,6 +143,17 @@ def test_namespaces_are_removed_on_ctrl_c_and_only_once():
     assert [c for c in ip.cmds if "netns del" in c] == dels
 
 
+def test_slow_start_after_idle_is_set_in_both_namespaces_only_when_asked():
+    for setting, want in ((None, 0), (0, 2)):
+        ip = FakeIp()
+        with bsl.SlowLink(tag="t3", run=ip, slow_start_after_idle=setting):
+            pass
+        cmds = [c for c in ip.cmds if "tcp_slow_start_after_idle" in c]
+        assert len(cmds) == want
+        assert all(c.endswith("net.ipv4.tcp_slow_start_after_idle=0") for c in cmds)
+        assert {c.split()[3] for c in cmds} == ({"mcct3a", "mcct3b"} if want else set())
+
+
 def test_without_root_one_clear_line(monkeypatch, capsys):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(SystemExit) as e:

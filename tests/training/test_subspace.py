@@ -6,7 +6,9 @@
 - layout equivalence: (2,2,2) against (1,1,1), 5 iterations, losses within 1e-5 relative;
 - resume bit-exact with 4-bit coefficients at (1,2,1);
 - the log line's pp-fwd / pp-bwd bytes equal the formula, k b-bit codes per token + k scales;
-- the refusals name the flag and the fix.
+- the refusals name the flag and the fix;
+- the write scale a (W_eff = a U U^T W): sqrt(k / H) by default, applied to every write, and
+  a checkpoint saved before it existed loads with a = 1.
 """
 import os
 
@@ -186,6 +188,8 @@ def test_untied_word_table_sums_only_looked_up_rows(tiny_corpus):
       "sequence-parallel": True}, "drop --sequence-parallel"),
     ({"forward-compress-method": "subspace", "num-layers-per-virtual-pipeline-stage": 1},
      "interleaved"),
+    ({"subspace-write-scale": 0.5}, "give --subspace-rank K"),
+    ({"forward-compress-method": "subspace", "subspace-write-scale": 0.0}, "must be > 0"),
 ])
 def test_refusals_name_the_flag(tiny_corpus, flags, match):
     from megatron.training.arguments import parse_args
@@ -232,3 +236,40 @@ def test_constrained_model_alone_at_pp2_matches_pp1(tiny_corpus):
     assert len(got) == 5
     for a, b in zip(got, ref):
         assert abs(a - b) <= REL_TOL * abs(b), (a, b)
+
+
+def test_write_scale_default_and_every_write_scaled(tiny_corpus):
+    """a = sqrt(k / H) unless given; the hook returns a U U^T out and a U U^T bias."""
+    import math
+    import types
+    from megatron.training import subspace
+    from megatron.training.arguments import parse_args
+    argv = tiny_gpt_argv(tiny_corpus, **{"pipeline-model-parallel-size": 2, **WIRE})
+    args = parse_args(argv, world_size=2)
+    assert subspace.write_scale(args) == pytest.approx(math.sqrt(K / args.model.hidden_size))
+    given = parse_args(tiny_gpt_argv(tiny_corpus, **{"pipeline-model-parallel-size": 2,
+                                                     "subspace-write-scale": 0.7, **WIRE}),
+                       world_size=2)
+    assert subspace.write_scale(given) == 0.7
+    h = args.model.hidden_size
+    u = subspace.basis(1234, h, K)
+    stub = types.SimpleNamespace(subspace_basis=u, subspace_write_scale=torch.tensor(0.3))
+    out, bias = torch.randn(5, 2, h), torch.randn(h)
+    got_out, got_bias = subspace.SubspaceGPTModel._project_write(stub, None, None, (out, bias))
+    p = 0.3 * u @ u.t()
+    torch.testing.assert_close(got_out, out @ p, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_bias, p @ bias, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_without_write_scale_loads_with_scale_one():
+    from megatron.training.subspace import fill_old_state
+    expected = {"subspace_basis": 0, "subspace_write_scale": 0, "output_layer.weight": 0}
+    old = {"subspace_basis": torch.zeros(3, 1), "output_layer.weight": torch.zeros(1)}
+    fill_old_state(old, expected)
+    assert float(old["subspace_write_scale"]) == 1.0
+    new = {"subspace_basis": torch.zeros(3, 1), "subspace_write_scale": torch.tensor(0.25)}
+    fill_old_state(new, expected)
+    assert float(new["subspace_write_scale"]) == 0.25
+    plain = {"output_layer.weight": torch.zeros(1)}   # not a subspace checkpoint: untouched
+    fill_old_state(plain, {"output_layer.weight": 0})
+    assert list(plain) == ["output_layer.weight"]

@@ -62,6 +62,7 @@ _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
 # Subspace Networks (megatron/training/subspace.py): U on every stage, and with coefficients on
 # the wire a copy of the embedding on every stage past the first
 SUBSPACE_BASIS = "subspace_basis"
+SUBSPACE_SCALE = "subspace_write_scale"   # a of W_eff = a U U^T W (absent in older ones: 1)
 X0_COPY = "x0_embedding."
 
 
@@ -137,7 +138,7 @@ def stage_keys(gnames: List[str], pp_rank: int, pp: int, num_layers: int, tied: 
         elif g.startswith(("decoder.final_layernorm", "output_layer")):
             if last:
                 out.append((g, g))
-        elif g == SUBSPACE_BASIS:
+        elif g in (SUBSPACE_BASIS, SUBSPACE_SCALE):
             out.append((g, g))
         else:
             raise CheckpointError(f"do not know which pipeline stage holds '{g}'")

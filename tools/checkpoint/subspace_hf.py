@@ -29,6 +29,7 @@ flag expects. Without it, --subspace-rank alone: whole activations between stage
 """
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -43,7 +44,8 @@ import torch  # noqa: E402
 from tools.checkpoint.common import add_tokenizer_flags, fail  # noqa: E402
 from tools.checkpoint.errors import ConversionError  # noqa: E402
 from tools.checkpoint.layout import (  # noqa: E402
-    SUBSPACE_BASIS, X0_COPY, CheckpointError, FullCheckpoint, split, write_checkpoint)
+    SUBSPACE_BASIS, SUBSPACE_SCALE, X0_COPY, CheckpointError, FullCheckpoint, split,
+    write_checkpoint)
 
 _WRITES = ("self_attention.linear_proj", "mlp.linear_fc2")
 
@@ -73,35 +75,47 @@ def choose_basis(params: Dict[str, torch.Tensor], num_layers: int, k: int):
     return u[:, :k].float().contiguous(), kept
 
 
-def project(params: Dict[str, torch.Tensor], u: torch.Tensor, num_layers: int) -> dict:
-    """A copy of `params` with every output projection replaced by U U^T W (bias U U^T b)."""
+def project(params: Dict[str, torch.Tensor], u: torch.Tensor, num_layers: int,
+            scale: float = 1.0) -> dict:
+    """A copy of `params` with every output projection replaced by scale U U^T W (bias
+    scale U U^T b)."""
     out = dict(params)
     u64 = u.double()
     for name, t in _writes(params, num_layers):
-        out[name] = (u64 @ (u64.t() @ t.double())).to(t.dtype)
+        out[name] = (u64 @ (u64.t() @ t.double()) * scale).to(t.dtype)
     return out
 
 
 def unconstrain(full: FullCheckpoint) -> FullCheckpoint:
     """The equivalent ordinary model of a subspace checkpoint (the same one otherwise): the
-    projections multiplied out, U and the stages' embedding copies dropped."""
+    projections multiplied out (a U U^T W; a = 1 in checkpoints older than the write scale),
+    U, a and the stages' embedding copies dropped."""
     if SUBSPACE_BASIS not in full.params:
         return full
     n = full.model_args["num_layers"]
-    params = project(full.params, full.params[SUBSPACE_BASIS].float(), n)
+    scale = float(full.params.get(SUBSPACE_SCALE, torch.ones(())).double())
+    params = project(full.params, full.params[SUBSPACE_BASIS].float(), n, scale)
     params = {g: t for g, t in params.items()
-              if g != SUBSPACE_BASIS and not g.startswith(X0_COPY)}
+              if g not in (SUBSPACE_BASIS, SUBSPACE_SCALE) and not g.startswith(X0_COPY)}
     return dataclasses.replace(full, params=params)
 
 
-def to_subspace(full: FullCheckpoint, k: int, coefficients: bool = False):
-    """(the FullCheckpoint in subspace form, share of the projections' norm kept)."""
+def to_subspace(full: FullCheckpoint, k: int, coefficients: bool = False,
+                scale: Optional[float] = None):
+    """(the FullCheckpoint in subspace form, share of the projections' norm kept). The model
+    computes a U U^T W with a = `scale` (default sqrt(k / H), as a fresh one), so W is stored
+    as U U^T W_hf / a: the same function."""
     n = full.model_args["num_layers"]
     u, kept = choose_basis(full.params, n, k)
-    params = project(full.params, u, n)
+    scale = math.sqrt(k / u.shape[0]) if scale is None else scale
+    if not scale > 0:
+        raise ConversionError(f"--subspace-write-scale {scale}: must be > 0")
+    params = project(full.params, u, n, 1.0 / scale)
     params[SUBSPACE_BASIS] = u
+    params[SUBSPACE_SCALE] = torch.tensor(float(scale))
     args = {**full.args, "model": {**full.args["model"], "hidden_dropout": 0.0},
-            "compression": {**(full.args.get("compression") or {}), "subspace_rank": k}}
+            "compression": {**(full.args.get("compression") or {}), "subspace_rank": k,
+                            "subspace_write_scale": scale}}
     if coefficients:
         args["compression"]["forward_compress_method"] = "subspace"
     return dataclasses.replace(full, params=params, args=args), kept
@@ -146,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", required=True, help="Checkpoint directory to write.")
     p.add_argument("--subspace-rank", type=int, required=True,
                    help="k: dimension of the shared subspace of the output projections.")
+    p.add_argument("--subspace-write-scale", type=float, default=None,
+                   help="a of the constrained writes a U U^T W (default sqrt(k / hidden "
+                        "size), as a fresh model's; the weights are stored divided by it, so "
+                        "the imported function does not depend on it).")
     p.add_argument("--coefficients", action="store_true",
                    help="Write it for --forward-compress-method subspace (embedding copies on "
                         "every stage past the first); default: --subspace-rank alone.")
@@ -168,12 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
 def import_subspace(hf_dir: str, save: str, k: int, tp: int = 1, pp: int = 1,
                     coefficients: bool = False, probe_length: int = 32,
                     tokenizer_flags=None, seq_length: Optional[int] = None,
-                    divisible_by: int = 128):
+                    divisible_by: int = 128, scale: Optional[float] = None):
     """Write the subspace checkpoint; returns (FullCheckpoint, report dict)."""
     from transformers import AutoModelForCausalLM
     from tools.checkpoint.import_hf import full_from_hf
     full = full_from_hf(hf_dir, tp, pp, divisible_by, seq_length, tokenizer_flags)
-    sub, kept = to_subspace(full, k, coefficients)
+    sub, kept = to_subspace(full, k, coefficients, scale)
     report = {"kept_norm_share": kept}
     if probe_length:
         hf = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True)
@@ -190,7 +208,7 @@ def main(argv=None) -> int:
     try:
         sub, r = import_subspace(a.hf_model, a.save, a.subspace_rank, a.tp, a.pp,
                                  a.coefficients, a.probe_length, a, a.seq_length,
-                                 a.make_vocab_size_divisible_by)
+                                 a.make_vocab_size_divisible_by, a.subspace_write_scale)
     except (CheckpointError, ConversionError, ValueError) as e:
         return fail(str(e))
     print(f"subspace rank {a.subspace_rank}: keeps {100 * r['kept_norm_share']:.2f}% of the "
@@ -201,7 +219,8 @@ def main(argv=None) -> int:
     method = " --forward-compress-method subspace" if a.coefficients else ""
     print(f"wrote {a.save} (tp={a.tp} pp={a.pp}) in {time.time() - t0:.1f}s\n"
           f"train from it with: --load {a.save} --finetune {model_flags(sub.args)}"
-          f"{method} --subspace-rank {a.subspace_rank}")
+          f"{method} --subspace-rank {a.subspace_rank} --subspace-write-scale "
+          f"{float(sub.params[SUBSPACE_SCALE]):.6g}")
     return 0
 
 

@@ -26,11 +26,13 @@ min(burst, bandwidth x that compute) (for the flows crossing together, their sum
            slot waits for its transfers, which cross one after the other: measured on the
            slow-link bench, a synchronous exchange costs about the sum of its two directions;
            fill and drain add pp - 2); overlapped (--overlap-p2p-comm): each stage's compute
-           per micro-batch slot_s from its own parameters, and a steady-state period P =
-           overlapped_period(): at every boundary two chains of round trips (gradient out,
-           the upstream stage's backward and next forward, activation back) interleave, so
-           P = max(slot_(s+1), (c_fwd + c_bwd + slot_s + slot_(s+1)) / 2), the two directions
-           busy at once; exposed (pp - 1) (c_fwd + c_bwd) + (M - 1) (P - max_s slot_s), each
+           per micro-batch slot_s from its own parameters plus its share of the codecs
+           (with_codecs: they run on the stage, not the link; c_fwd and c_bwd are then the
+           transfers alone), and a steady-state period P = overlapped_period(): at every
+           boundary two chains of round trips (gradient out, the upstream stage's backward
+           and next forward, activation back) interleave, so P = max(slot_(s+1), (c_fwd +
+           c_bwd + slot_s + slot_(s+1)) / 2), the two directions busy at once; exposed
+           (pp - 1) (c_fwd + c_bwd + codecs) + (M - 1) (P - max_s compute_s), each
            direction's bucket refilled only while it idles (P - c). Interleaved: the forward
            and backward streams cross at once, each hidden by the compute behind a message:
            (pp - 1) (c_fwd + c_bwd) + (M B - 1) max(0, max(c_fwd, c_bwd) - slot), B and slot
@@ -140,6 +142,12 @@ def _pp_level(cluster, layout):
 
 
 def pp_message_seconds(m, layout, c, cluster, totals, refill_s: float = 0.0):
+    """(c_fwd, c_bwd): pp_message_parts' transfer and codec time together."""
+    (t_f, k_f), (t_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, refill_s)
+    return t_f + k_f, t_b + k_b
+
+
+def pp_message_parts(m, layout, c, cluster, totals, refill_s: float = 0.0):
     """(c_fwd, c_bwd) for one micro-batch (mean message of the steady state), the link's
     bucket refilled for refill_s before each.
 
@@ -152,10 +160,8 @@ def pp_message_seconds(m, layout, c, cluster, totals, refill_s: float = 0.0):
     for ch in ("pp-fwd", "pp-bwd"):
         t, method = totals[ch], pp_method(c, ch).profile(c)
         sent = t["sent"] / t["messages"]
-        one = _transfer(cluster, level, sent, flows, refill_s)
-        if sent < raw and method != "none":
-            one += codec_seconds(cluster, method, raw)
-        out.append(one)
+        codec = codec_seconds(cluster, method, raw) if sent < raw and method != "none" else 0.0
+        out.append((_transfer(cluster, level, sent, flows, refill_s), codec))
     return tuple(out)
 
 
@@ -164,6 +170,16 @@ def boundaries_per_pair(pp: int, vp: int) -> int:
     per model chunk (vp), and at pp = 2 the vp - 1 wrap-around ones too (the last rank's chunk
     c feeds chunk c + 1 of rank 0: the same two ranks)."""
     return 2 * vp - 1 if pp == 2 and vp > 1 else vp
+
+
+def with_codecs(bare, codec: float):
+    """Each stage's time per micro-batch with its share of the codecs: they run on the stages'
+    own timelines (encode at the send, decode before the compute that uses the message), not
+    on the link. `codec` is one forward and one backward message's encode + decode (the
+    throughput table has their sum), charged half to each end: a stage with two neighbours
+    pays it once, an end stage half."""
+    pp = len(bare)
+    return [x + codec * ((s > 0) + (s < pp - 1)) / 2 for s, x in enumerate(bare)]
 
 
 def overlapped_period(slots, c_f: float, c_b: float) -> float:
@@ -304,15 +320,17 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
         elif vp > 1:
             pp_t = (pp - 1) * (c_f + c_b) + (M * B - 1) * max(0.0, max(c_f, c_b) - slot)
         else:
-            slots = [6 * stage_flops_params(m, layout, s) * T / rate + t_tp for s in range(pp)]
+            bare = [6 * stage_flops_params(m, layout, s) * T / rate + t_tp for s in range(pp)]
+            (c_f, k_f), (c_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, slot)
+            slots = with_codecs(bare, k_f + k_b)
             period = overlapped_period(slots, c_f, c_b)
             for _ in range(50):   # a direction refills its bucket only while it idles
                 idle = period - max(c_f, c_b)
-                c_f, c_b = pp_message_seconds(m, layout, c, cluster, totals, idle)
+                (c_f, _), (c_b, _) = pp_message_parts(m, layout, c, cluster, totals, idle)
                 period, before = overlapped_period(slots, c_f, c_b), period
                 if abs(period - before) <= 1e-9 * period:
                     break
-            pp_t = (pp - 1) * (c_f + c_b) + (M - 1) * (period - max(slots))
+            pp_t = (pp - 1) * (c_f + c_b + k_f + k_b) + (M - 1) * (period - max(bare))
     dp_t = dp_seconds(m, layout, c, cluster, compute + bubble, t_b,
                       overlap and c.dp_mode == "allreduce", t_b / vp)
     return StepTime(compute, bubble, pp_t, dp_t, emb_seconds(m, layout, c, cluster, totals),

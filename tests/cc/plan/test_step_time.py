@@ -87,6 +87,25 @@ def test_overlapped_period_of_1f1b():
     assert overlapped_period([0.1, 0.1], 5.0, 0.0) == 5.0   # one direction's messages
 
 
+def test_overlapped_codecs_run_on_the_stages_not_the_link():
+    """Overlapped, a codec's time lengthens the stages that encode and decode (half each end:
+    the table has encode + decode together) and is not hidden behind compute like a transfer;
+    a codec slower than the compute sets the period."""
+    from megatron.cc.plan.step_time import (codec_seconds, stage_flops_params, with_codecs)
+    assert with_codecs([1.0, 2.0, 3.0], 0.4) == pytest.approx([1.2, 2.4, 3.2])
+    lay = Layout(1, 2, 1, micro_batch_size=2, num_microbatches=4)
+    c = CompressionConfig(forward_compress_method="fixpoint")
+    cl = _cluster(inter_gbps=1000.0, lat_us=0)
+    cl.codec_throughput_gbs = {"fixpoint": 1e-6}           # 16 KiB: ~16 s of codec
+    over = step_time(M4, lay, c, cl, overlap=True)
+    k = codec_seconds(cl, "fixpoint", 32 * 2 * 64 * 4)
+    slot1 = 6 * stage_flops_params(M4, lay, 1) * 32 * 2 / 1e12
+    assert k > 100 * slot1
+    period = slot1 + k / 2                                  # stage 1 decodes every message
+    sent = over.pp - (k + 3 * (period - slot1))             # the fill's transfers, ~0
+    assert 0 <= sent < 1e-3 * k, over
+
+
 def _two_sides(burst_kb=0.0, gbps=0.01):
     links = {"intra_node": {"bandwidth_gbps": 1000, "latency_us": 0},
              "inter_node": {"bandwidth_gbps": 1000, "latency_us": 0},

@@ -127,3 +127,31 @@ def test_export_logits_equal_and_imported_model_finetunes(tiny_corpus, tmp_path)
     err = abs(ours - theirs).max() / abs(ours).max()
     print(f"export: relative max logit difference {err:.2e}; fine-tune losses {losses}")
     assert err <= 1e-5, err
+
+
+def test_import_stores_weights_over_the_write_scale_export_multiplies_it_back():
+    """to_subspace keeps the function for any a (W stored as U U^T W_hf / a); unconstrain
+    gives the projected weights back; a checkpoint without a is exported with a = 1."""
+    import dataclasses
+    from tools.checkpoint.layout import FullCheckpoint
+    from tools.checkpoint.subspace_hf import project, to_subspace, unconstrain
+    torch.manual_seed(0)
+    h = 16
+    params = {"decoder.layers.0.self_attention.linear_proj.weight": torch.randn(h, h),
+              "decoder.layers.0.self_attention.linear_proj.bias": torch.randn(h),
+              "decoder.layers.0.mlp.linear_fc2.weight": torch.randn(h, 2 * h)}
+    full = FullCheckpoint(params=params, args={"model": {"num_layers": 1}}, padded_vocab_size=8)
+    for scale in (None, 0.3):
+        sub, _ = to_subspace(full, 4, scale=scale)
+        a = float(sub.params["subspace_write_scale"])
+        assert a == pytest.approx(0.5 if scale is None else 0.3)   # sqrt(4 / 16)
+        want = project(params, sub.params["subspace_basis"], 1)
+        back = unconstrain(sub).params
+        assert set(back) == set(params)
+        for g in params:
+            torch.testing.assert_close(back[g], want[g], rtol=1e-5, atol=1e-6)
+    old = dataclasses.replace(sub, params={g: t for g, t in sub.params.items()
+                                           if g != "subspace_write_scale"})
+    for g in params:   # the stored W times a = 1
+        torch.testing.assert_close(unconstrain(old).params[g],
+                                   project(params, sub.params["subspace_basis"], 1, 1 / 0.3)[g])
