@@ -15,6 +15,10 @@ its gap to the baseline; writes bench/results/subspace.md and .json.
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_subspace.py               # 300 iterations
     .venv/bin/python bench/bench_subspace.py --iters 100 --runs none,sub-k8-b4
     .venv/bin/python bench/bench_subspace.py --layout 1,2     # tp 1 x pp 2: 2 processes
+    # + fine-tuning from an imported model: the none run's final checkpoint, exported to
+    # Hugging Face, imported at each subspace run's k (tools/checkpoint/subspace_hf.py), then
+    # 50 iterations of each run's flags, against the none model continued the same 50
+    .venv/bin/python bench/bench_subspace.py --layout 1,2 --nproc 2 --finetune-iters 50
 
 Layouts give the same losses (tests/training/test_subspace.py: (2,2,2) against (1,1,1)), so a
 smaller --layout measures the same losses; the byte ratios differ only by the fixpoint scales'
@@ -23,7 +27,10 @@ share (one 16-bit scale per coefficient per message, messages of S/tp x B tokens
 import argparse
 import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -54,13 +61,15 @@ def table(results, base) -> list:
     rows = ["| run | pp-fwd bytes/iter (ratio) | pp-bwd bytes/iter (ratio) | emb bytes/iter | "
             "train loss | validation loss | gap to none | ms/iter |",
             "|---|---|---|---|---|---|---|---|"]
+    tuned = next((r.final_valid for r in results if r.name == "none-ft"), None)
     for r in results:
+        ref = tuned if r.name.endswith("-ft") else base
         def ch(name):
             b = r.bytes_per_iter.get(name)
             return "-" if b is None else f"{b / 1024:.1f} KB (x{r.ratio.get(name, 1):.1f})"
         last = r.losses[max(r.losses)] if r.losses else float("nan")
         v = r.final_valid
-        gap = "" if base is None or v is None else f"{100 * (v - base) / base:+.2f}%"
+        gap = "" if ref is None or v is None else f"{100 * (v - ref) / ref:+.2f}%"
         rows.append(f"| {r.name} | {ch('pp-fwd')} | {ch('pp-bwd')} | {ch('emb')} | "
                     f"{last:.4f} | {v:.4f} | {gap} | {r.steady_ms:.0f} |")
     return rows
@@ -81,6 +90,9 @@ def main(argv=None) -> int:
                         "model).")
     p.add_argument("--out", default=os.path.join(HERE, "results", "subspace"),
                    help="Results prefix (.md and .json are written).")
+    p.add_argument("--finetune-iters", type=int, default=0,
+                   help="Also fine-tune from an imported model for this many iterations "
+                        "(0: off; needs the none run): rows <run>-ft (lr 3e-4 cosine).")
     p.add_argument("--extra", default="",
                    help="Flags appended to every run, e.g. \"--seed 4321\" (a second seed).")
     a = p.parse_args(argv)
@@ -91,18 +103,56 @@ def main(argv=None) -> int:
         "--log-interval", str(max(1, min(20, a.iters // 10))),
         "--eval-interval", str(max(1, a.iters // 3)), "--eval-iters", str(a.eval_iters)] \
         + a.extra.split()
+    labels = a.runs.split(",")
+    if a.finetune_iters and "none" not in labels:
+        raise SystemExit("--finetune-iters fine-tunes the none run's model: add none to --runs")
+    work = tempfile.mkdtemp(prefix="bench_subspace_")
+    baseline = a.save_baseline or (os.path.join(work, "base") if a.finetune_iters else None)
     results = []
-    for label in a.runs.split(","):
-        save = ["--save", a.save_baseline, "--save-interval", str(a.iters)] \
-            if label == "none" and a.save_baseline else []
+    for label in labels:
+        save = ["--save", baseline, "--save-interval", str(a.iters)] \
+            if label == "none" and baseline else []
         r = run_pretrain(label, a.nproc, common + run_flags(label) + save, port=a.port)
         results.append(r)
         print(f"{label:14s} valid {r.final_valid:.4f}  pp-fwd x{r.ratio.get('pp-fwd', 1):.1f}  "
               f"pp-bwd x{r.ratio.get('pp-bwd', 1):.1f}  {r.steady_ms:.0f} ms/iter "
               f"({r.wall_s:.0f} s)", flush=True)
         write(a, tp, pp, results)   # after every run: a long bench cut short keeps its rows
+    if a.finetune_iters:
+        finetune(a, labels, baseline, work, layout + a.extra.split(), results, tp, pp)
+    shutil.rmtree(work, ignore_errors=True)   # exports and imports (--save-baseline stays)
     print("\n".join(table(results, _base(results))))
     return 0
+
+
+def finetune(a, labels, baseline, work, layout, results, tp, pp) -> None:
+    """none-ft: the baseline continued; <run>-ft: imported at the run's k, then trained with
+    its flags. The table's gap column compares the -ft rows with none-ft."""
+    tool = os.path.join(ROOT, "tools", "checkpoint")
+    hf = os.path.join(work, "base_hf")
+    subprocess.run([sys.executable, os.path.join(tool, "export_hf.py"), "--load", baseline,
+                    "--output", hf, "--no-progress"], check=True, cwd=ROOT)
+    ft = DEMO[:] + layout + [
+        "--lr", "3e-4", "--min-lr", "3e-5",
+        "--lr-warmup-iters", str(min(5, a.finetune_iters // 10)),
+        "--train-iters", str(a.finetune_iters), "--finetune",
+        "--log-interval", str(max(1, min(10, a.finetune_iters // 5))),
+        "--eval-interval", str(a.finetune_iters), "--eval-iters", str(a.eval_iters)]
+    for label in labels:
+        load = baseline
+        if label != "none":
+            load = os.path.join(work, label)
+            k = _RUN.match(label).group(1)
+            subprocess.run([sys.executable, os.path.join(tool, "subspace_hf.py"),
+                            "--hf-model", hf, "--save", load, "--subspace-rank", k,
+                            "--tensor-model-parallel-size", str(tp),
+                            "--pipeline-model-parallel-size", str(pp), "--coefficients"],
+                           check=True, cwd=ROOT)
+        r = run_pretrain(label + "-ft", a.nproc, ft + run_flags(label) + ["--load", load],
+                         port=a.port)
+        results.append(r)
+        print(f"{label + '-ft':14s} valid {r.final_valid:.4f} ({r.wall_s:.0f} s)", flush=True)
+        write(a, tp, pp, results)
 
 
 def _base(results):

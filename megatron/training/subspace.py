@@ -24,7 +24,7 @@ dL/dc = U^T dL/dx, k values per token -- not an approximation of the gradient bu
 of the constrained model itself (tests/training/test_subspace.py checks pp=2 against pp=1).
 
 Parametrisation. The paper constrains the projection weights to the subspace; we write it as
-W_eff = U U^T W with W the ordinary full parameter (the projection is applied to the layer's
+W_eff = a U U^T W with W the ordinary full parameter (the projection is applied to the layer's
 output, (out U) U^T, which equals using W_eff and costs 4 S B H k flops instead of H^2 x in):
 parameter names, shapes, tp sharding, the seed-keyed initialisation and every checkpoint tool
 stay as they are, and export only has to write U U^T W (tools/checkpoint/subspace_hf.py).
@@ -32,6 +32,18 @@ Its gradient, U U^T dL/dW_eff, lies in the subspace; Adam's per-element scaling 
 it, but only U U^T W is ever used, and weight decay shrinks the unused part. The equivalent
 W = U B with B (k x in) trainable has the same function class; we take the form that keeps
 megatron-core's layers untouched.
+
+The write scale a (--subspace-write-scale, default sqrt(k / H)). A write of a given norm that
+lies in k of the H directions is sqrt(H / k) times larger per direction than one spread over
+all of them, and at a = 1 the constrained model starts with, and Adam keeps, writes of the
+unconstrained model's norm concentrated in k directions, against an embedding spread over H.
+a = sqrt(k / H) gives each subspace direction the size an unconstrained write gives each of
+its directions. Measured from scratch at the demo's shape (k 10, H 128, 4-bit coefficients, 300
+iterations, bench/results/subspace_write_scale/): validation-loss gap +2.87% / +2.74% at a = 1
+(two seeds), +1.29% / +0.54% at a = 0.28, +1.05% / +0.49% / +1.07% at a = 0.35; a = 3.6
+(writes at full size per direction) was far worse in a shorter run. a is a persistent buffer
+(subspace_write_scale, fp32 like U): a checkpoint keeps its own, one saved before it existed
+loads with a = 1 (fill_old_state), export multiplies it in, import divides the weights by it.
 
 The subspace U. Fixed, as in the paper, which "predefine[s] a low-dimensional subspace to
 confine the activations and gradients" (abstract): drawn from a generator keyed by (--seed,

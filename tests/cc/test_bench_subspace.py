@@ -19,7 +19,8 @@ def load_bench():
 def test_help_labels_and_table():
     out = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True,
                          text=True, check=True).stdout
-    for flag in ("--iters", "--runs", "--layout", "--nproc", "--save-baseline"):
+    for flag in ("--iters", "--runs", "--layout", "--nproc", "--save-baseline",
+                 "--finetune-iters"):
         assert flag in out
     bench = load_bench()
     assert bench.run_flags("none") == []
@@ -34,3 +35,9 @@ def test_help_labels_and_table():
                     bytes_per_iter={"pp-fwd": 16.0}, ratio={"pp-fwd": 127.0})
     rows = bench.table([base, sub], 6.0)
     assert len(rows) == 4 and "x127.0" in rows[3] and "+1.00%" in rows[3]
+    # fine-tuned rows compare with the fine-tuned none run
+    tuned = RunResult("none-ft", losses={5: 5.9}, valid={5: 5.0}, ms_per_iter=[1.0, 2.0])
+    sub_ft = RunResult("sub-k8-b4-ft", losses={5: 5.9}, valid={5: 5.1}, ms_per_iter=[1.0, 2.0],
+                       bytes_per_iter={"pp-fwd": 16.0}, ratio={"pp-fwd": 127.0})
+    rows = bench.table([base, sub, tuned, sub_ft], 6.0)
+    assert "+0.00%" in rows[4] and "+2.00%" in rows[5]
