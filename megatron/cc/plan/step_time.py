@@ -34,9 +34,10 @@ min(burst, bandwidth x that compute) (for the flows crossing together, their sum
            c_bwd + slot_s + slot_(s+1)) / 2), the two directions busy at once; exposed
            (pp - 1) (c_fwd + c_bwd + codecs) + (M - 1) (P - max_s compute_s), each
            direction's bucket refilled only while it idles (P - c). Interleaved: the forward
-           and backward streams cross at once, each hidden by the compute behind a message:
-           (pp - 1) (c_fwd + c_bwd) + (M B - 1) max(0, max(c_fwd, c_bwd) - slot), B and slot
-           as above.
+           and backward streams cross at once, each transfer hidden by the compute behind a
+           message, each rank's codec share (half of both messages') not: (pp - 1) (c_fwd +
+           c_bwd + codecs) + (M B - 1) (codecs / 2 + max(0, max(c_fwd, c_bwd) - slot)), B
+           and slot as above.
     dp     a ring all-reduce of the x bytes a rank counts: 2 (D-1)/D x / bw + 2 (D-1) latency
            (+ codec time); exposed in full after backward, or past the last micro-batch's
            backward with --overlap-grad-reduce, or past the whole step when it runs in the
@@ -317,8 +318,10 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
         c_f, c_b = pp_message_seconds(m, layout, c, cluster, totals, slot)
         if not overlap:
             pp_t = (M * B + pp - 2) * (c_f + c_b)
-        elif vp > 1:
-            pp_t = (pp - 1) * (c_f + c_b) + (M * B - 1) * max(0.0, max(c_f, c_b) - slot)
+        elif vp > 1:   # each rank encodes its sends and decodes its receives: half each
+            (c_f, k_f), (c_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, slot)
+            pp_t = (pp - 1) * (c_f + c_b + k_f + k_b) + (M * B - 1) * (
+                (k_f + k_b) / 2 + max(0.0, max(c_f, c_b) - slot))
         else:
             bare = [6 * stage_flops_params(m, layout, s) * T / rate + t_tp for s in range(pp)]
             (c_f, k_f), (c_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, slot)

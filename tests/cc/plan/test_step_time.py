@@ -104,6 +104,11 @@ def test_overlapped_codecs_run_on_the_stages_not_the_link():
     period = slot1 + k / 2                                  # stage 1 decodes every message
     sent = over.pp - (k + 3 * (period - slot1))             # the fill's transfers, ~0
     assert 0 <= sent < 1e-3 * k, over
+    # interleaved (vp 2 at pp 2: B = 3 messages a micro-batch): each rank's half of every
+    # message's codec, none hidden, behind fill and drain's whole ones
+    lay2 = Layout(1, 2, 1, micro_batch_size=2, num_microbatches=4, virtual_stages=2)
+    over2 = step_time(M4, lay2, c, cl, overlap=True)
+    assert over2.pp == pytest.approx(k + (4 * 3 - 1) * k / 2, rel=1e-3)
 
 
 def _two_sides(burst_kb=0.0, gbps=0.01):
