@@ -118,6 +118,7 @@ def _step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, back
     if family.endswith("subspace"):   # U orthonormal to fp32 precision in any training dtype
         from megatron.training.model import unwrap
         assert unwrap(trainer.model).subspace_basis.dtype == torch.float32
+        assert unwrap(trainer.model).subspace_write_scale.dtype == torch.float32   # and a
     start = len(gpu.events)
     metrics = trainer.train_step()
     assert trainer.iteration == 1 and isinstance(metrics["lm loss"], float)
