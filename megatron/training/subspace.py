@@ -27,7 +27,7 @@ Parametrisation. The paper constrains the projection weights to the subspace; we
 W_eff = a U U^T W with W the ordinary full parameter (the projection is applied to the layer's
 output, (out U) U^T, which equals using W_eff and costs 4 S B H k flops instead of H^2 x in):
 parameter names, shapes, tp sharding, the seed-keyed initialisation and every checkpoint tool
-stay as they are, and export only has to write U U^T W (tools/checkpoint/subspace_hf.py).
+stay as they are, and export only has to write a U U^T W (tools/checkpoint/subspace_hf.py).
 Its gradient, U U^T dL/dW_eff, lies in the subspace; Adam's per-element scaling moves W off
 it, but only U U^T W is ever used, and weight decay shrinks the unused part. The equivalent
 W = U B with B (k x in) trainable has the same function class; we take the form that keeps
@@ -97,7 +97,7 @@ from megatron.core.models.common.embeddings.language_model_embedding import (
     LanguageModelEmbedding)
 from megatron.core.models.gpt import GPTModel
 
-from megatron.cc.pp_methods.subspace import Subspace
+from megatron.cc.pp_methods.subspace import Subspace, default_write_scale
 from megatron.training.config_flags import ConfigError
 
 WRITE_SCALE = "subspace_write_scale"   # the buffer holding a (module docstring)
@@ -145,7 +145,7 @@ def validate(args) -> None:
     who = f"--subspace-rank {k}"
     if not write_scale(args) > 0:
         raise ConfigError(f"--subspace-write-scale {c.subspace_write_scale}: must be > 0 "
-                          f"(default sqrt(k / --hidden-size) = {math.sqrt(k / h):.4g})")
+                          f"(default sqrt(k / --hidden-size) = {default_write_scale(k, h):.4g})")
     if not 1 <= k <= h:
         raise ConfigError(f"{who}: the subspace rank must be in 1..--hidden-size ({h})")
     if not 0 <= bits(args) <= 8:

@@ -29,7 +29,6 @@ flag expects. Without it, --subspace-rank alone: whole activations between stage
 """
 import argparse
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -41,6 +40,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch  # noqa: E402
 
+from megatron.cc.pp_methods.subspace import default_write_scale  # noqa: E402
 from tools.checkpoint.common import add_tokenizer_flags, fail  # noqa: E402
 from tools.checkpoint.errors import ConversionError  # noqa: E402
 from tools.checkpoint.layout import (  # noqa: E402
@@ -107,7 +107,7 @@ def to_subspace(full: FullCheckpoint, k: int, coefficients: bool = False,
     as U U^T W_hf / a: the same function."""
     n = full.model_args["num_layers"]
     u, kept = choose_basis(full.params, n, k)
-    scale = math.sqrt(k / u.shape[0]) if scale is None else scale
+    scale = default_write_scale(k, u.shape[0]) if scale is None else scale
     if not scale > 0:
         raise ConversionError(f"--subspace-write-scale {scale}: must be > 0")
     params = project(full.params, u, n, 1.0 / scale)

@@ -142,15 +142,10 @@ def _pp_level(cluster, layout):
     return worst, flows
 
 
-def pp_message_seconds(m, layout, c, cluster, totals, refill_s: float = 0.0):
-    """(c_fwd, c_bwd): pp_message_parts' transfer and codec time together."""
-    (t_f, k_f), (t_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, refill_s)
-    return t_f + k_f, t_b + k_b
-
-
 def pp_message_parts(m, layout, c, cluster, totals, refill_s: float = 0.0):
-    """(c_fwd, c_bwd) for one micro-batch (mean message of the steady state), the link's
-    bucket refilled for refill_s before each.
+    """((transfer, codec) forward, (transfer, codec) backward) seconds for one micro-batch's
+    messages (mean message of the steady state), the link's bucket refilled for refill_s
+    before each; c_fwd = the forward pair's sum, c_bwd the backward's.
 
     With scatter-gather (Layout.scatter_gather, tp > 1) a message is one tp rank's slice, sent
     in parallel with its peers' on their own links; the receiving stage's intra-node all-gather
@@ -315,16 +310,14 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
     if pp > 1:
         B = boundaries_per_pair(pp, vp)
         slot = (t_f + t_b + t_tp) / B   # the compute behind one message: hides it, refills
-        c_f, c_b = pp_message_seconds(m, layout, c, cluster, totals, slot)
+        (c_f, k_f), (c_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, slot)
         if not overlap:
-            pp_t = (M * B + pp - 2) * (c_f + c_b)
+            pp_t = (M * B + pp - 2) * (c_f + k_f + c_b + k_b)
         elif vp > 1:   # each rank encodes its sends and decodes its receives: half each
-            (c_f, k_f), (c_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, slot)
             pp_t = (pp - 1) * (c_f + c_b + k_f + k_b) + (M * B - 1) * (
                 (k_f + k_b) / 2 + max(0.0, max(c_f, c_b) - slot))
         else:
             bare = [6 * stage_flops_params(m, layout, s) * T / rate + t_tp for s in range(pp)]
-            (c_f, k_f), (c_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, slot)
             slots = with_codecs(bare, k_f + k_b)
             period = overlapped_period(slots, c_f, c_b)
             for _ in range(50):   # a direction refills its bucket only while it idles

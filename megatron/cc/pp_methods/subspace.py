@@ -21,6 +21,12 @@ DEFAULT_RANK = 10
 DEFAULT_BITS = 4
 
 
+def default_write_scale(k: int, hidden: int) -> float:
+    """sqrt(k / H): each subspace direction gets the size an unconstrained write gives each of
+    its own (megatron/training/subspace.py's docstring); also the import tool's default."""
+    return math.sqrt(k / hidden)
+
+
 @dataclass
 class Subspace(PpMethod):
     name = "subspace"
@@ -77,7 +83,7 @@ class Subspace(PpMethod):
         """a of a fresh constrained model (module docstring of megatron/training/subspace.py)."""
         if c.subspace_write_scale is not None:
             return c.subspace_write_scale
-        return math.sqrt(Subspace.rank(c) / hidden)
+        return default_write_scale(Subspace.rank(c), hidden)
 
     @staticmethod
     def bits(c) -> int:
