@@ -5,10 +5,13 @@ in opposite directions at the same time. This measures what the slow-link bench'
 (gloo between two ranks over bench_slow_link's tbf-shaped veth pair) gives when they do. Per
 rate, two ranks in the two namespaces move N messages of S bytes:
   one_way    rank 0 sends, rank 1 receives (the link's one-direction time)
-  both_ways  each sends to the other at once (batch_isend_irecv, as 1F1B's paired exchange)
+  both_ways  each sends to the other at once, one batch_isend_irecv of [isend, irecv] (the
+             order megatron.cc.transport used before 2026-11-26)
+  both_recv_first  the same with [irecv, isend] (the transport's order now)
   alternate  a send, then the reply (strictly one direction at a time)
-Each direction carries the same N x S bytes in every pattern; both_ways / one_way is 1.0 for a
-full-duplex pipe and 2.0 when the two directions take turns.
+Each direction carries the same N x S bytes in every pattern; both / one_way is 1.0 for a
+full-duplex pipe and 2.0 when the two directions take turns. On gloo the order inside the batch
+decides it: send first, the two directions take turns; receive first, they cross.
 
     sudo python bench/bench_link_duplex.py [--rates none,100mbit,20mbit,5mbit] [--mib 1]
 
@@ -25,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_slow_link import SlowLink, parse_rates, rate_bits, require_root  # noqa: E402
 
-PATTERNS = ("one_way", "both_ways", "alternate")
+PATTERNS = ("one_way", "both_ways", "both_recv_first", "alternate")
 
 
 def worker(rank: int, master: str, port: int, n: int, size: int) -> None:
@@ -45,6 +48,12 @@ def worker(rank: int, master: str, port: int, n: int, size: int) -> None:
             for r in dist.batch_isend_irecv(ops):
                 r.wait()
 
+    def both_recv_first():
+        for _ in range(n):
+            ops = [dist.P2POp(dist.irecv, out, peer), dist.P2POp(dist.isend, buf, peer)]
+            for r in dist.batch_isend_irecv(ops):
+                r.wait()
+
     def alternate():
         for _ in range(n):
             if rank == 0:
@@ -56,7 +65,7 @@ def worker(rank: int, master: str, port: int, n: int, size: int) -> None:
 
     seconds = {}
     for name, f in (("warm-up", one_way), ("one_way", one_way), ("both_ways", both_ways),
-                    ("alternate", alternate)):
+                    ("both_recv_first", both_recv_first), ("alternate", alternate)):
         dist.barrier()
         time.sleep(1.0)   # the idle link refills tbf's bucket before every pattern alike
         dist.barrier()
@@ -84,16 +93,19 @@ def measure(link: SlowLink, rate: str, size: int, port: int) -> dict:
     seconds = json.loads(outs[0][0].strip().splitlines()[-1])
     return {"rate": rate, "messages": n, "bytes": size, **seconds,
             "both_over_one": seconds["both_ways"] / seconds["one_way"],
+            "recv_first_over_one": seconds["both_recv_first"] / seconds["one_way"],
             "alternate_over_one": seconds["alternate"] / seconds["one_way"]}
 
 
 def table(rows) -> str:
-    out = ["| link | messages x size | one way s | both ways s | alternate s | both / one | "
-           "alternate / one |", "|---|---|---:|---:|---:|---:|---:|"]
+    out = ["| link | messages x size | one way s | both ways, send first s | both ways, receive "
+           "first s | alternate s | send first / one | receive first / one | alternate / one |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r['rate']} | {r['messages']} x {r['bytes'] / 2**20:g} MiB | "
-                   f"{r['one_way']:.3f} | {r['both_ways']:.3f} | {r['alternate']:.3f} | "
-                   f"{r['both_over_one']:.2f} | {r['alternate_over_one']:.2f} |")
+                   f"{r['one_way']:.3f} | {r['both_ways']:.3f} | {r['both_recv_first']:.3f} | "
+                   f"{r['alternate']:.3f} | {r['both_over_one']:.2f} | "
+                   f"{r['recv_first_over_one']:.2f} | {r['alternate_over_one']:.2f} |")
     return "\n".join(out)
 
 
@@ -106,6 +118,8 @@ def main():
                    help="comma-separated: none or <n>kbit/mbit/gbit for tc tbf")
     p.add_argument("--mib", type=float, default=1.0, help="message size in MiB (default 1)")
     p.add_argument("--port", type=int, default=29990)
+    p.add_argument("--tbf-queue-ms", type=float, default=None,
+                   help="tbf queue as time at the rate (default: bench_slow_link's 512 KiB+)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     a = p.parse_args()
     try:
@@ -114,7 +128,7 @@ def main():
         p.error(str(e))
     require_root()
     rows = []
-    with SlowLink() as link:
+    with SlowLink(queue_ms=a.tbf_queue_ms) as link:
         for rate in rates:
             rows.append(measure(link, rate, int(a.mib * 2**20), a.port))
             print(table(rows[-1:]).splitlines()[-1], flush=True)

@@ -231,6 +231,15 @@ def last_loss(lines: List[dict]) -> float:
 
 
 # ------------------------------------------------------------------------------ the network
+def tbf_limit(rate: str, queue_ms: Optional[float] = None) -> int:
+    """tbf's queue in bytes: by default a few hundred ms (at least 512 KiB, 0.84 s at 5 Mbit/s);
+    with queue_ms, that many ms at the rate on top of the 128 KiB burst (tc's own `latency`
+    rule), so every rate queues the same time. The burst: one 64 KiB GSO packet must fit."""
+    if queue_ms is None:
+        return max(int(rate_bits(rate) / 8 * 0.3), 512 * 1024)
+    return int(rate_bits(rate) / 8 * queue_ms / 1e3) + 128 * 1024
+
+
 class SlowLink:
     """Two namespaces and a shaped veth pair; `close()` always removes them.
 
@@ -238,9 +247,10 @@ class SlowLink:
     """
 
     def __init__(self, tag: Optional[str] = None, run: Callable = None,
-                 slow_start_after_idle: Optional[int] = None):
+                 slow_start_after_idle: Optional[int] = None, queue_ms: Optional[float] = None):
         tag = tag or str(os.getpid())
         self.slow_start_after_idle = slow_start_after_idle
+        self.queue_ms = queue_ms
         self.ns = (f"mcc{tag}a", f"mcc{tag}b")
         self.dev = (f"mcc{tag}x", f"mcc{tag}y")
         self.ip = ("10.211.0.1", "10.211.0.2")
@@ -275,8 +285,7 @@ class SlowLink:
                 except subprocess.CalledProcessError:
                     pass   # nothing to delete
             else:
-                # burst: one 64 KiB GSO packet must fit; limit: a few hundred ms of queue
-                limit = max(int(rate_bits(rate) / 8 * 0.3), 512 * 1024)
+                limit = tbf_limit(rate, self.queue_ms)
                 self.sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root",
                         "tbf", "rate", rate, "burst", "128kb", "limit", str(limit))
 
