@@ -22,10 +22,13 @@ once. A shaped link's token bucket (LinkSpec.burst_kb, tc tbf's burst) refills a
 bandwidth during the compute between two messages, so a message costs only what exceeds
 min(burst, bandwidth x that compute) (for the flows crossing together, their sum):
     pp     one message each way per micro-batch, c_fwd and c_bwd (codec time included).
-           synchronous: (M + pp - 2) (c_fwd + c_bwd) on the critical path (every steady-state
-           slot waits for its transfers, which cross one after the other: measured on the
-           slow-link bench, a synchronous exchange costs about the sum of its two directions;
-           fill and drain add pp - 2); overlapped (--overlap-p2p-comm): each stage's compute
+           synchronous: (pp - 1) (c_fwd + c_bwd) + (M - 1) max(c_fwd, c_bwd) on the critical
+           path: the fill and drain messages go alone, and every steady-state slot waits for
+           one batch whose activation and gradient cross the link at once, each direction at
+           full rate (NCCL; gloo too since megatron.cc.transport posts receives first:
+           bench_link_duplex.py, 1.03-1.08x one way where send-first took turns at 1.8x;
+           codec time per message, encode before the send and decode after it, goes with
+           its own direction); overlapped (--overlap-p2p-comm): each stage's compute
            per micro-batch slot_s from its own parameters plus its share of the codecs
            (with_codecs: they run on the stage, not the link; c_fwd and c_bwd are then the
            transfers alone), and a steady-state period P = overlapped_period(): at every
@@ -311,8 +314,8 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
         B = boundaries_per_pair(pp, vp)
         slot = (t_f + t_b + t_tp) / B   # the compute behind one message: hides it, refills
         (c_f, k_f), (c_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, slot)
-        if not overlap:
-            pp_t = (M * B + pp - 2) * (c_f + k_f + c_b + k_b)
+        if not overlap:   # fill and drain alone, then each batch's two messages cross
+            pp_t = (pp - 1) * (c_f + k_f + c_b + k_b) + (M * B - 1) * max(c_f + k_f, c_b + k_b)
         elif vp > 1:   # each rank encodes its sends and decodes its receives: half each
             pp_t = (pp - 1) * (c_f + c_b + k_f + k_b) + (M * B - 1) * (
                 (k_f + k_b) / 2 + max(0.0, max(c_f, c_b) - slot))

@@ -56,7 +56,8 @@ def test_pipeline_transfer_on_the_critical_path():
     cl = _cluster(inter_gbps=1.0, lat_us=100)
     sync = step_time(M4, lay, CompressionConfig(), cl)
     msg = 2 * (100e-6 + 32 * 2 * 64 * 4 / (1e9 / 8))        # one message each way
-    assert sync.pp == pytest.approx((4 + 2 - 2) * msg)
+    # the fill and drain messages alone, then M - 1 batches whose two messages cross at once
+    assert sync.pp == pytest.approx(msg + 3 * msg / 2)
     over = step_time(M4, lay, CompressionConfig(), cl, overlap=True)
     # overlapped: two chains of round trips interleave, so a period is the mean of the round
     # trip (both messages and both stages' compute) and the downstream stage's compute
@@ -128,11 +129,12 @@ def test_a_shaped_links_burst_passes_what_the_compute_refills():
     plain = step_time(M4, lay, CompressionConfig(), _two_sides(0))
     slot = (plain.compute + plain.bubble) / (4 + 1)
     rate = 0.01e9 / 8
-    assert plain.pp == pytest.approx(4 * 2 * x / rate)
+    # fill and drain: both messages alone; 3 steady batches: the two crossing at once
+    assert plain.pp == pytest.approx((2 + 3) * x / rate)
     for kb in (4, 64):
         t = step_time(M4, lay, CompressionConfig(), _two_sides(kb))
         free = min(kb * 1024, rate * slot)
-        assert t.pp == pytest.approx(4 * 2 * max(0.0, x - free) / rate)
+        assert t.pp == pytest.approx((2 + 3) * max(0.0, x - free) / rate)
     assert step_time(M4, lay, CompressionConfig(), _two_sides(64)).pp == 0.0   # all free
 
 
@@ -145,7 +147,7 @@ def test_replicas_crossing_opposite_ways_do_not_share_a_direction():
     x = 32 * 2 * 64 * 4
     rate = 0.01e9 / 8
     opposite = step_time(M4, lay, CompressionConfig(), _two_sides())   # ranks 0,3 | 1,2
-    assert opposite.pp == pytest.approx(4 * 2 * x / rate)
+    assert opposite.pp == pytest.approx((2 + 3) * x / rate)   # fill, drain; 3 crossings
     same = step_time(M4, lay, CompressionConfig(), _two_sides().__class__(
         **{**_two_sides().__dict__, "datacentres": [[0, 1], [2, 3]]}))
     assert same.pp == pytest.approx(2 * opposite.pp)
@@ -165,13 +167,14 @@ def test_interleaving_divides_the_bubble_and_multiplies_the_messages():
                     for vp in (1, 2))
     assert inter.compute == plain.compute and inter.bubble == pytest.approx(plain.bubble / 2)
     msg = 2 * (100e-6 + 32 * 2 * 64 * 4 / (1e9 / 8))
-    assert inter.pp == pytest.approx((4 * 3 + 2 - 2) * msg)
+    # fill and drain alone, the other M B - 1 batches crossing at once
+    assert inter.pp == pytest.approx((2 - 1) * msg + (4 * 3 - 1) * msg / 2)
     cl4 = _cluster(nodes=4, inter_gbps=1.0, lat_us=100)
     m8 = ModelShape(num_layers=8, hidden_size=64, num_attention_heads=4, vocab_size=1024,
                     seq_length=32)   # one layer per chunk at pp 4 x vp 2
     four = step_time(m8, Layout(1, 4, 1, micro_batch_size=2, num_microbatches=4,
                                 virtual_stages=2), CompressionConfig(), cl4)
-    assert four.pp == pytest.approx((4 * 2 + 4 - 2) * msg)
+    assert four.pp == pytest.approx((4 - 1) * msg + (4 * 2 - 1) * msg / 2)
     from megatron.cc.plan.channel_bytes import channel_bytes
     c = CompressionConfig(inter_grad_comp=True, inter_grad_comp_rank=4,
                           inter_grad_comp_epilogue_only=True)
