@@ -127,11 +127,12 @@ def _transfer(cluster: Cluster, level: str, nbytes: float, flows: int,
 
 
 def _pp_level(cluster, layout):
-    """(slowest level of any stage boundary, the most flows crossing one direction between two
-    datacentres at it). A forward flow from datacentre a to b is a backward flow from b to a,
-    so both directions count the same flows."""
+    """(slowest level of any stage boundary, Counter of the boundary pairs crossing between
+    two datacentres at it by (from, to) datacentre: the forward flows of each direction).
+    A direction a -> b carries the forward messages of the pairs a -> b and the backward
+    messages of the pairs b -> a (in the slow-link bench's `both` placement, one of each)."""
     place = placement(layout.tp, layout.dp, layout.pp, layout.rank_order)
-    worst, flows = "intra_node", 1
+    worst, ways = "intra_node", Counter()
     wrap = layout.virtual_stages > 1   # interleaved: the last stage also sends to stage 0
     for s in range(layout.pp - 1 + wrap):
         pairs = [(place(t, d, s), place(t, d, (s + 1) % layout.pp))
@@ -139,29 +140,45 @@ def _pp_level(cluster, layout):
         levels = [cluster.level(a, b) for a, b in pairs]
         lvl = max(levels, key=LEVELS.index)
         if LEVELS.index(lvl) >= LEVELS.index(worst):
-            ways = Counter((cluster.rank_datacentre(a), cluster.rank_datacentre(b))
+            here = Counter((cluster.rank_datacentre(a), cluster.rank_datacentre(b))
                            for (a, b), lv in zip(pairs, levels) if lv == "inter_datacentre")
-            worst, flows = lvl, max(ways.values(), default=1)
-    return worst, flows
+            if lvl != worst or max(here.values(), default=0) >= max(ways.values(), default=0):
+                ways = here
+            worst = lvl
+    return worst, ways
 
 
-def pp_message_parts(m, layout, c, cluster, totals, refill_s: float = 0.0):
+def pp_message_parts(m, layout, c, cluster, totals, refill_s: float = 0.0,
+                     crossing: bool = True):
     """((transfer, codec) forward, (transfer, codec) backward) seconds for one micro-batch's
     messages (mean message of the steady state), the link's bucket refilled for refill_s
     before each; c_fwd = the forward pair's sum, c_bwd the backward's.
 
+    On the shared inter-datacentre link a message's direction carries every flow crossing it
+    that way at once: with `crossing` (the steady state, where activations and gradients
+    are in flight together) the other channel's messages going the same way too; without
+    (a fill or drain message) only its own channel's.
+
     With scatter-gather (Layout.scatter_gather, tp > 1) a message is one tp rank's slice, sent
     in parallel with its peers' on their own links; the receiving stage's intra-node all-gather
     of the slices is not modelled (small next to a slow pipeline link)."""
-    level, flows = _pp_level(cluster, layout)
+    level, ways = _pp_level(cluster, layout)
     _, _, raw = activation_message(m, layout)
-    out = []
+    sent, codec = {}, {}
     for ch in ("pp-fwd", "pp-bwd"):
         t, method = totals[ch], pp_method(c, ch).profile(c)
-        sent = t["sent"] / t["messages"]
-        codec = codec_seconds(cluster, method, raw) if sent < raw and method != "none" else 0.0
-        out.append((_transfer(cluster, level, sent, flows, refill_s), codec))
-    return tuple(out)
+        sent[ch] = t["sent"] / t["messages"]
+        codec[ch] = codec_seconds(cluster, method, raw) \
+            if sent[ch] < raw and method != "none" else 0.0
+    if not ways:   # a link per GPU: each message has its direction to itself
+        return tuple((_transfer(cluster, level, sent[ch], 1, refill_s), codec[ch])
+                     for ch in ("pp-fwd", "pp-bwd"))
+    x_f, x_b = sent["pp-fwd"], sent["pp-bwd"]
+    # direction (a, b): forward of pairs a -> b, backward of pairs b -> a
+    load = {(a, b): ways[a, b] * x_f + crossing * ways[b, a] * x_b for a, b in ways}
+    back = {(b, a): ways[a, b] * x_b + crossing * ways[b, a] * x_f for a, b in ways}
+    return ((_transfer(cluster, level, max(load.values()), 1, refill_s), codec["pp-fwd"]),
+            (_transfer(cluster, level, max(back.values()), 1, refill_s), codec["pp-bwd"]))
 
 
 def boundaries_per_pair(pp: int, vp: int) -> int:
@@ -315,7 +332,8 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
         slot = (t_f + t_b + t_tp) / B   # the compute behind one message: hides it, refills
         (c_f, k_f), (c_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, slot)
         if not overlap:   # fill and drain alone, then each batch's two messages cross
-            pp_t = (pp - 1) * (c_f + k_f + c_b + k_b) + (M * B - 1) * max(c_f + k_f, c_b + k_b)
+            (a_f, _), (a_b, _) = pp_message_parts(m, layout, c, cluster, totals, slot, False)
+            pp_t = (pp - 1) * (a_f + k_f + a_b + k_b) + (M * B - 1) * max(c_f + k_f, c_b + k_b)
         elif vp > 1:   # each rank encodes its sends and decodes its receives: half each
             pp_t = (pp - 1) * (c_f + c_b + k_f + k_b) + (M * B - 1) * (
                 (k_f + k_b) / 2 + max(0.0, max(c_f, c_b) - slot))

@@ -138,19 +138,25 @@ def test_a_shaped_links_burst_passes_what_the_compute_refills():
     assert step_time(M4, lay, CompressionConfig(), _two_sides(64)).pp == 0.0   # all free
 
 
-def test_replicas_crossing_opposite_ways_do_not_share_a_direction():
+def test_replicas_crossing_opposite_ways_share_each_direction_in_the_steady_state():
     """pp = 2 x dp = 2 with replica 0's stage 0 and replica 1's stage 1 on one side (the
     slow-link bench's 'both' placement): the two pipelines cross the link in opposite
-    directions, so each message has a direction to itself; with both replicas' stage 0 on one
-    side they share it and take twice as long."""
+    directions, so a fill or drain message has its direction to itself, but in the steady
+    state each direction carries one replica's activation and the other's gradient at once.
+    With both replicas' stage 0 on one side, a direction carries both replicas' activations
+    (or both gradients) in every phase."""
     lay = Layout(1, 2, 2, micro_batch_size=2, num_microbatches=4)
     x = 32 * 2 * 64 * 4
     rate = 0.01e9 / 8
     opposite = step_time(M4, lay, CompressionConfig(), _two_sides())   # ranks 0,3 | 1,2
-    assert opposite.pp == pytest.approx((2 + 3) * x / rate)   # fill, drain; 3 crossings
+    assert opposite.pp == pytest.approx((2 + 3 * 2) * x / rate)
     same = step_time(M4, lay, CompressionConfig(), _two_sides().__class__(
         **{**_two_sides().__dict__, "datacentres": [[0, 1], [2, 3]]}))
-    assert same.pp == pytest.approx(2 * opposite.pp)
+    assert same.pp == pytest.approx((2 * 2 + 3 * 2) * x / rate)
+    over = step_time(M4, lay, CompressionConfig(), _two_sides(), overlap=True)
+    alone = step_time(M4, Layout(1, 2, 1, micro_batch_size=2, num_microbatches=4),
+                      CompressionConfig(), _two_sides(), overlap=True)
+    assert over.pp > 1.9 * alone.pp   # each overlapped message shares its direction
 
 
 def test_interleaving_divides_the_bubble_and_multiplies_the_messages():
