@@ -32,12 +32,13 @@ def test_calibrated_on_the_unthrottled_run_and_predicts_the_link_by_hand():
     # calibrated on the faster of the two unthrottled uncompressed runs
     assert rows[0]["predicted"] == pytest.approx(3000.0, rel=1e-6)
     assert rows[3]["predicted"] < 3500.0
-    # 1F1B sync at pp 2, M 8: (M + pp - 2) = 8 slots, each a 1 MiB message each way
+    # 1F1B sync at pp 2, M 8: the first activation and the last gradient alone, and M - 1 = 7
+    # batches whose activation and gradient cross at once: 2 + 7 transfers of a 1 MiB message
     # (hidden 256 x seq 256 x micro-batch 4, fp32) over the link's TCP payload rate, less
     # tbf's 128 KiB burst (as payload), which the slot's compute (~0.33 s) refills in full
     bw = 20e6 * 1448 / 1514 / 8
-    link = 8 * 2 * (1e-4 + (1048576 - 131072 * 1448 / 1514) / bw)
-    fast = 8 * 2 * (1e-4 + 1048576 / (10e9 / 8))
+    link = (2 + 7) * (1e-4 + (1048576 - 131072 * 1448 / 1514) / bw)
+    fast = (2 + 7) * (1e-4 + 1048576 / (10e9 / 8))
     assert rows[1]["predicted"] == pytest.approx(3000.0 + 1e3 * (link - fast), rel=1e-6)
     assert rows[2]["predicted"] is None and rows[2]["note"] == "not modelled"
     assert set(rates) == {"pp"}

@@ -331,7 +331,10 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
         B = boundaries_per_pair(pp, vp)
         slot = (t_f + t_b + t_tp) / B   # the compute behind one message: hides it, refills
         (c_f, k_f), (c_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, slot)
-        if not overlap:   # fill and drain alone, then each batch's two messages cross
+        if not overlap and vp > 1:   # each send paired with the next op's receive: no
+            # two sends meet (measured: the sum, bench/results/slow_link_interleaved_recv_first)
+            pp_t = (M * B + pp - 2) * (c_f + k_f + c_b + k_b)
+        elif not overlap:   # fill and drain alone, then each batch's two messages cross
             (a_f, _), (a_b, _) = pp_message_parts(m, layout, c, cluster, totals, slot, False)
             pp_t = (pp - 1) * (a_f + k_f + a_b + k_b) + (M * B - 1) * max(c_f + k_f, c_b + k_b)
         elif vp > 1:   # each rank encodes its sends and decodes its receives: half each

@@ -173,14 +173,15 @@ def test_interleaving_divides_the_bubble_and_multiplies_the_messages():
                     for vp in (1, 2))
     assert inter.compute == plain.compute and inter.bubble == pytest.approx(plain.bubble / 2)
     msg = 2 * (100e-6 + 32 * 2 * 64 * 4 / (1e9 / 8))
-    # fill and drain alone, the other M B - 1 batches crossing at once
-    assert inter.pp == pytest.approx((2 - 1) * msg + (4 * 3 - 1) * msg / 2)
+    # interleaved SYNC pairs each send with the next op's receive: the two directions' sends
+    # do not meet, every message is paid in full
+    assert inter.pp == pytest.approx((4 * 3 + 2 - 2) * msg)
     cl4 = _cluster(nodes=4, inter_gbps=1.0, lat_us=100)
     m8 = ModelShape(num_layers=8, hidden_size=64, num_attention_heads=4, vocab_size=1024,
                     seq_length=32)   # one layer per chunk at pp 4 x vp 2
     four = step_time(m8, Layout(1, 4, 1, micro_batch_size=2, num_microbatches=4,
                                 virtual_stages=2), CompressionConfig(), cl4)
-    assert four.pp == pytest.approx((4 - 1) * msg + (4 * 2 - 1) * msg / 2)
+    assert four.pp == pytest.approx((4 * 2 + 4 - 2) * msg)
     from megatron.cc.plan.channel_bytes import channel_bytes
     c = CompressionConfig(inter_grad_comp=True, inter_grad_comp_rank=4,
                           inter_grad_comp_epilogue_only=True)
