@@ -10,10 +10,12 @@ Interleaved 1F1B (Layout.virtual_stages = vp > 1): the bubble is (pp - 1)(t_f + 
 boundaries (the wrap-around one included), B = `boundaries_per_pair` join the busiest pair of
 neighbouring ranks: vp, or at pp = 2, where the wrap-around joins the same two ranks, 2 vp - 1.
 That pair's link carries M B messages each way, each behind (t_f + t_b) / B of compute, so
-below M becomes M B and the slot (t_f + t_b) / B. Measured on the slow link
-(bench/results/slow_link_interleaved/): shaped synchronous runs within 15% with B, overlapped
-ones under-predicted by up to 37%, the two directions of a gloo pair taking turns
-(bench_link_duplex.py) where the formula lets them overlap.
+below M becomes M B and the slot (t_f + t_b) / B. Interleaved SYNC pairs each send with the
+next op's receive, so sends rarely meet head-on: its messages are paid one after the other,
+(M B + pp - 2)(c_fwd + c_bwd). Measured on the slow link
+(bench/results/slow_link_interleaved_recv_first/): 13 of 16 within 15%; uncompressed
+synchronous at 20 Mbit/s lies between the sum (+17%) and the crossing rule below (-33%), and
+overlapped uncompressed is under-predicted by 38%.
 
 Communication, per channel, from the exact bytes (channel_bytes.py) over the slowest link a
 channel's group spans (links.py); a transfer of x bytes costs latency + x / bandwidth, and the
@@ -28,7 +30,10 @@ min(burst, bandwidth x that compute) (for the flows crossing together, their sum
            full rate (NCCL; gloo too since megatron.cc.transport posts receives first:
            bench_link_duplex.py, 1.03-1.08x one way where send-first took turns at 1.8x;
            codec time per message, encode before the send and decode after it, goes with
-           its own direction); overlapped (--overlap-p2p-comm): each stage's compute
+           its own direction). On a shared inter-datacentre link a steady-state direction
+           carries every message going that way (pp_message_parts' `crossing`: with replicas
+           placed in opposite directions, one's activation and the other's gradient).
+           Overlapped (--overlap-p2p-comm): each stage's compute
            per micro-batch slot_s from its own parameters plus its share of the codecs
            (with_codecs: they run on the stage, not the link; c_fwd and c_bwd are then the
            transfers alone), and a steady-state period P = overlapped_period(): at every
