@@ -43,10 +43,9 @@ class P2PTransport:
                       for t, p, g in recvs]
         if any(self._staged(t) for t, _, _ in sends):
             torch.cuda.current_stream().synchronize()  # the pinned copies must be complete
-        # receives first: gloo writes a send whose receive it already knows of from the
-        # caller's thread, and one posted earlier from its single I/O thread, which then stops
-        # reading, so two sends that meet take turns (1.8x the time of one at 20 Mbit/s,
-        # bench/bench_link_duplex.py); NCCL runs the batch as one group either way
+        # receives first: on gloo, two ranks whose batches post their sends first make the
+        # two sends take turns (1.8x the time of one at 20 Mbit/s); receives first, they
+        # cross (1.08x; bench/bench_link_duplex.py). NCCL runs a batch as one group anyway
         ops = [dist.P2POp(dist.irecv, t, p, group=self.group, tag=g) for t, p, g in host_recvs]
         ops += [dist.P2POp(dist.isend, t, p, group=self.group, tag=g) for t, p, g in host_sends]
         reqs = dist.batch_isend_irecv(ops) if ops else []
