@@ -18,12 +18,17 @@ encode and post one batch, wait later). What differs is when batches are posted 
   that: torch runs the sends and receives between two ranks on one stream, where receives
   posted ahead in a different order on the two ends would deadlock.
 - PREFETCH (--overlap-p2p-comm on gloo) posts every send on its own, waited for at the end of
-  the step, and each receive one micro-batch ahead, before the compute that precedes its use:
-  on gloo a send only starts moving once its receive is posted, so this is what lets
-  activation i+1 cross the link while stage s+1 computes micro-batch i.
+  the step, and keeps `prefetch_depth(pp, vp)` receives of each kind posted ahead of the
+  compute that uses them: on gloo a send only starts moving once its receive is posted, so
+  this is what lets activation i+1 cross the link while stage s+1 computes micro-batch i.
+  One ahead is not enough on a slow link: the upstream rank runs ahead by its warm-up and
+  posts sends whose receives are not posted yet, and on gloo such sends make the two
+  directions take turns. Measured at 20 Mbit/s (bench_slow_link, uncompressed, overlapped,
+  pp 2): 1F1B 6018 ms at depth 1, 5543 at depth 2; interleaved (vp 2) 16220 -> 13032 at 5.
 
 Deferred sends keep their payloads referenced until the end of the step: memory for at most
-M messages per link, about what 1F1B keeps alive for backward anyway. In every mode encode
+M messages per link, about what 1F1B keeps alive for backward anyway; prefetched receives
+add at most prefetch_depth buffers per link. In every mode encode
 happens at the send and decode when the tensor is first needed, in the same micro-batch order
 on every link: codec state, policy decisions and byte counts are SYNC's, so the losses are
 identical (tests/cc/test_overlap.py).
@@ -137,21 +142,32 @@ def run_backward(input_tensor, output_tensor, output_grad):
     return None if input_tensor is None else input_tensor.grad
 
 
+def prefetch_depth(pp_size: int, vp: int) -> int:
+    """Receives of one kind PREFETCH keeps posted: the most sends a neighbour can post before
+    it needs a message back, the first rank's warm-up plus one (pp in 1F1B, (pp - 1) 2 +
+    (vp - 1) pp + 1 interleaved)."""
+    warmup = (pp_size - 1) * 2 + (vp - 1) * pp_size if vp > 1 else pp_size - 1
+    return warmup + 1
+
+
 def forward_backward(step, channels: PipelineChannels, num_microbatches: int, iteration: int,
                      pp_rank: int, pp_size: int, schedule: Schedule = Schedule()) -> None:
     M = num_microbatches
     if schedule.virtual_stages > 1:
         ops = interleaved_order(M, pp_rank, pp_size, schedule.virtual_stages,
                                 schedule.forward_only)
-        return _Loop(step, channels, iteration, schedule).run(ops)
+        return _Loop(step, channels, iteration, schedule, pp_size).run(ops)
     gpipe = schedule.gpipe and pp_size > 1   # one stage: nothing to pipeline
     warmup = M if gpipe or schedule.forward_only else num_warmup_microbatches(pp_rank, pp_size, M)
-    _Loop(step, channels, iteration, schedule).run(_order(M, warmup, schedule.forward_only))
+    _Loop(step, channels, iteration, schedule, pp_size).run(
+        _order(M, warmup, schedule.forward_only))
 
 
 class _Loop:
-    def __init__(self, step, channels: PipelineChannels, iteration: int, schedule: Schedule):
+    def __init__(self, step, channels: PipelineChannels, iteration: int, schedule: Schedule,
+                 pp_size: int = 2):
         self.step, self.ch, self.iteration = step, channels, iteration
+        self.depth = prefetch_depth(pp_size, schedule.virtual_stages)
         self.exchange, self.train = schedule.exchange, not schedule.forward_only
         self.vp = schedule.virtual_stages
         self.saved: Dict = {}     # (chunk, micro-batch) -> (input, output), kept for backward
@@ -163,7 +179,8 @@ class _Loop:
         prefetch = self.exchange == PREFETCH
         if prefetch:   # the first receive of each kind, before any compute
             for fwd in (True, False):
-                self._prefetch(ops, -1, fwd)
+                for _ in range(self.depth):
+                    self._prefetch(ops, -1, fwd)
         for i, op in enumerate(ops):
             h = self.recvs.pop(i) if i in self.recvs else self._post(None, self._recv(op))
             got = None if h is None else h.result()   # activation, or gradient of the output
@@ -210,8 +227,9 @@ class _Loop:
         return None if link is None else (link, self._msg(op))
 
     def _prefetch(self, ops: List[Op], i: int, forward: bool) -> None:
-        """Post the receive of the next step after `i` of the same kind."""
-        j = next((j for j in range(i + 1, len(ops)) if ops[j].forward == forward), None)
+        """Post the receive of the first step after `i` of the same kind not yet posted."""
+        j = next((j for j in range(i + 1, len(ops))
+                  if ops[j].forward == forward and j not in self.recvs), None)
         if j is not None:
             self.recvs[j] = self._post(None, self._recv(ops[j]))
 

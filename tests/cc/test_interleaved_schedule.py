@@ -173,8 +173,9 @@ class Handle:
 class FakeChannels:
     """One rank's links per chunk, as build_pipeline_channels makes them (tags at pp 2)."""
 
-    def __init__(self, wire, rank, pp, vp):
+    def __init__(self, wire, rank, pp, vp, events=None):
         self.wire, self.rank, self.pp = wire, rank, pp
+        self.events = events   # a list: receives posted and computes, in this rank's order
         tag = 1 if pp == 2 else 0
         self.chunks = []
         for c in range(vp):
@@ -186,12 +187,16 @@ class FakeChannels:
             ch.next_fwd = None if last else FakeLink("pp-fwd", nxt, 0, c)
             ch.next_bwd = None if last else FakeLink("pp-bwd", nxt, tag, c)
             self.chunks.append(ch)
+        if vp == 1:   # the loop uses a single chunk's links directly
+            self.__dict__.update(vars(self.chunks[0]))
 
     def chunk(self, c):
         return self.chunks[c]
 
     def post(self, send, recv):
         s = r = None
+        if recv is not None and self.events is not None:
+            self.events.append(("recv", recv[0].channel, recv[1].microbatch))
         if send is not None:
             link, y, msg = send
             s = self.wire.post_send(self.rank, link.peer, link.tag,
@@ -211,7 +216,7 @@ class Step:
     def sample_ids(self, mb):
         return None
 
-    def forward(self, x, mb, chunk):
+    def forward(self, x, mb, chunk=0):
         v = chunk * self.pp + self.rank
         if v == 0:
             assert x is None
@@ -237,7 +242,8 @@ def simulate(pp, vp, M, exchange, forward_only=False):
 
     def rank_main(r):
         try:
-            forward_backward(steps[r], FakeChannels(wire, r, pp, vp), M, 0, r, pp,
+            forward_backward(steps[r], FakeChannels(wire, r, pp, vp, steps[r].log), M, 0, r,
+                             pp,
                              Schedule(exchange, forward_only=forward_only, virtual_stages=vp))
         except BaseException as e:   # noqa: BLE001 - reported below
             errors.append((r, e))
@@ -266,8 +272,8 @@ def test_loop_runs_interleaved_without_deadlock(exchange):
     for pp, vp, M in CASES:
         wire, steps = simulate(pp, vp, M, exchange)
         for s in steps:   # each (chunk, micro-batch) forward, then its backward
-            assert sorted(s.log) == sorted([(k, c, m) for k in "FB" for c in range(vp)
-                                            for m in range(M)])
+            assert sorted(e for e in s.log if e[0] != "recv") == sorted(
+                [(k, c, m) for k in "FB" for c in range(vp) for m in range(M)])
         # NCCL has no tags: there, each pair must post its sends and receives of both kinds
         # in the same order. PAIRED (the NCCL mode) keeps that order; so does SYNC.
         if exchange != PREFETCH:
@@ -280,7 +286,28 @@ def test_loop_runs_interleaved_without_deadlock(exchange):
 def test_forward_only_interleaved(exchange):
     for pp, vp, M in [(2, 2, 4), (4, 2, 8)]:
         _, steps = simulate(pp, vp, M, exchange, forward_only=True)
-        assert all(len(s.log) == M * vp for s in steps)
+        assert all(len([e for e in s.log if e[0] == "F"]) == M * vp for s in steps)
+
+
+@pytest.mark.parametrize("pp,vp,M", [(2, 1, 8), (4, 1, 8), (2, 2, 8), (4, 2, 8)])
+def test_prefetch_keeps_the_neighbours_lead_of_receives_posted(pp, vp, M):
+    """PREFETCH keeps prefetch_depth receives of each kind posted beyond the one it computes
+    on (the most sends a neighbour can post before it needs one back):
+    one ahead let the upstream rank's sends meet no receive, and on gloo such sends make
+    the two directions take turns (schedule.py's docstring, measured)."""
+    from megatron.cc.schedule import prefetch_depth
+    assert [prefetch_depth(p, 1) for p in (2, 4)] == [2, 4]
+    assert [prefetch_depth(2, 2), prefetch_depth(4, 2), prefetch_depth(4, 3)] == [5, 11, 15]
+    depth = min(prefetch_depth(pp, vp), M * vp)
+    _, steps = simulate(pp, vp, M, PREFETCH)
+    last = steps[-1].log
+    first = next(i for i, e in enumerate(last) if e[0] == "F")
+    assert [e[1] for e in last[:first]].count("pp-fwd") == min(depth + 1, M * vp)
+    for i, e in enumerate(last):   # at every forward: its own receive and depth more
+        if e[0] == "F":
+            done = sum(1 for x in last[:i] if x[0] == "F")
+            posted = sum(1 for x in last[:i] if x[:2] == ("recv", "pp-fwd"))
+            assert posted - done == min(depth + 1, M * vp - done), (i, posted, done)
 
 
 def test_epilogue_rule_per_chunk_boundary():
