@@ -24,7 +24,8 @@ encode and post one batch, wait later). What differs is when batches are posted 
   One ahead is not enough on a slow link: the upstream rank runs ahead by its warm-up and
   posts sends whose receives are not posted yet, and on gloo such sends make the two
   directions take turns. Measured at 20 Mbit/s (bench_slow_link, uncompressed, overlapped,
-  pp 2): 1F1B 6018 ms at depth 1, 5543 at depth 2; interleaved (vp 2) 16220 -> 13032 at 5.
+  pp 2; bench/results/slow_link_prefetch_depth/): 1F1B 6018 ms with one ahead, 5633 now;
+  interleaved (vp 2) 16220 -> 12420.
 
 Deferred sends keep their payloads referenced until the end of the step: memory for at most
 M messages per link, about what 1F1B keeps alive for backward anyway; prefetched receives
