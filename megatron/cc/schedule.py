@@ -18,7 +18,7 @@ encode and post one batch, wait later). What differs is when batches are posted 
   that: torch runs the sends and receives between two ranks on one stream, where receives
   posted ahead in a different order on the two ends would deadlock.
 - PREFETCH (--overlap-p2p-comm on gloo) posts every send on its own, waited for at the end of
-  the step, and keeps `prefetch_depth(pp, vp)` receives of each kind posted ahead of the
+  the step, and keeps `prefetch_depth(pp, vp, M)` receives of each kind posted ahead of the
   compute that uses them: on gloo a send only starts moving once its receive is posted, so
   this is what lets activation i+1 cross the link while stage s+1 computes micro-batch i.
   One ahead is not enough on a slow link: the upstream rank runs ahead by its warm-up and
@@ -143,32 +143,34 @@ def run_backward(input_tensor, output_tensor, output_grad):
     return None if input_tensor is None else input_tensor.grad
 
 
-def prefetch_depth(pp_size: int, vp: int) -> int:
+def prefetch_depth(pp_size: int, vp: int, num_microbatches: int) -> int:
     """Receives of one kind PREFETCH keeps posted: the most sends a neighbour can post before
     it needs a message back, the first rank's warm-up plus one (pp in 1F1B, (pp - 1) 2 +
     (vp - 1) pp + 1 interleaved)."""
-    warmup = (pp_size - 1) * 2 + (vp - 1) * pp_size if vp > 1 else pp_size - 1
-    return warmup + 1
+    if vp > 1:
+        return num_warmup_interleaved(0, pp_size, vp, num_microbatches) + 1
+    return num_warmup_microbatches(0, pp_size, num_microbatches) + 1
 
 
 def forward_backward(step, channels: PipelineChannels, num_microbatches: int, iteration: int,
                      pp_rank: int, pp_size: int, schedule: Schedule = Schedule()) -> None:
     M = num_microbatches
+    depth = prefetch_depth(pp_size, schedule.virtual_stages, M)
     if schedule.virtual_stages > 1:
         ops = interleaved_order(M, pp_rank, pp_size, schedule.virtual_stages,
                                 schedule.forward_only)
-        return _Loop(step, channels, iteration, schedule, pp_size).run(ops)
+        return _Loop(step, channels, iteration, schedule, depth).run(ops)
     gpipe = schedule.gpipe and pp_size > 1   # one stage: nothing to pipeline
     warmup = M if gpipe or schedule.forward_only else num_warmup_microbatches(pp_rank, pp_size, M)
-    _Loop(step, channels, iteration, schedule, pp_size).run(
+    _Loop(step, channels, iteration, schedule, depth).run(
         _order(M, warmup, schedule.forward_only))
 
 
 class _Loop:
     def __init__(self, step, channels: PipelineChannels, iteration: int, schedule: Schedule,
-                 pp_size: int = 2):
+                 depth: int):
         self.step, self.ch, self.iteration = step, channels, iteration
-        self.depth = prefetch_depth(pp_size, schedule.virtual_stages)
+        self.depth = depth   # PREFETCH: receives of each kind kept posted (prefetch_depth)
         self.exchange, self.train = schedule.exchange, not schedule.forward_only
         self.vp = schedule.virtual_stages
         self.saved: Dict = {}     # (chunk, micro-batch) -> (input, output), kept for backward

@@ -296,9 +296,10 @@ def test_prefetch_keeps_the_neighbours_lead_of_receives_posted(pp, vp, M):
     one ahead let the upstream rank's sends meet no receive, and on gloo such sends make
     the two directions take turns (schedule.py's docstring, measured)."""
     from megatron.cc.schedule import prefetch_depth
-    assert [prefetch_depth(p, 1) for p in (2, 4)] == [2, 4]
-    assert [prefetch_depth(2, 2), prefetch_depth(4, 2), prefetch_depth(4, 3)] == [5, 11, 15]
-    depth = min(prefetch_depth(pp, vp), M * vp)
+    assert [prefetch_depth(p, 1, 8) for p in (2, 4)] == [2, 4]
+    assert [prefetch_depth(2, 2, 8), prefetch_depth(4, 2, 8), prefetch_depth(4, 3, 8)] == \
+        [5, 11, 15]
+    depth = min(prefetch_depth(pp, vp, M), M * vp)
     _, steps = simulate(pp, vp, M, PREFETCH)
     last = steps[-1].log
     first = next(i for i, e in enumerate(last) if e[0] == "F")

@@ -122,13 +122,12 @@ def stage_flops_params(m: ModelShape, layout: Layout, stage: int) -> int:
     return n
 
 
-def _transfer(cluster: Cluster, level: str, nbytes: float, flows: int,
-              refill_s: float = 0.0) -> float:
-    """One message of nbytes per flow, `flows` of them crossing one direction of the level's
-    link at once (shared on the inter-datacentre level), the bucket refilled for refill_s."""
+def _transfer(cluster: Cluster, level: str, nbytes: float, refill_s: float = 0.0) -> float:
+    """nbytes crossing one direction of the level's link at once (every flow's together), the
+    bucket refilled for refill_s."""
     link = cluster.links[level]
     tokens = min(link.burst_bytes, link.bytes_per_s * refill_s)
-    return link.latency_s + max(0.0, _sharing(level, flows) * nbytes - tokens) / link.bytes_per_s
+    return link.latency_s + max(0.0, nbytes - tokens) / link.bytes_per_s
 
 
 def _pp_level(cluster, layout):
@@ -176,14 +175,14 @@ def pp_message_parts(m, layout, c, cluster, totals, refill_s: float = 0.0,
         codec[ch] = codec_seconds(cluster, method, raw) \
             if sent[ch] < raw and method != "none" else 0.0
     if not ways:   # a link per GPU: each message has its direction to itself
-        return tuple((_transfer(cluster, level, sent[ch], 1, refill_s), codec[ch])
+        return tuple((_transfer(cluster, level, sent[ch], refill_s), codec[ch])
                      for ch in ("pp-fwd", "pp-bwd"))
     x_f, x_b = sent["pp-fwd"], sent["pp-bwd"]
     # direction (a, b): forward of pairs a -> b, backward of pairs b -> a
     load = {(a, b): ways[a, b] * x_f + crossing * ways[b, a] * x_b for a, b in ways}
     back = {(b, a): ways[a, b] * x_b + crossing * ways[b, a] * x_f for a, b in ways}
-    return ((_transfer(cluster, level, max(load.values()), 1, refill_s), codec["pp-fwd"]),
-            (_transfer(cluster, level, max(back.values()), 1, refill_s), codec["pp-bwd"]))
+    return ((_transfer(cluster, level, max(load.values()), refill_s), codec["pp-fwd"]),
+            (_transfer(cluster, level, max(back.values()), refill_s), codec["pp-bwd"]))
 
 
 def boundaries_per_pair(pp: int, vp: int) -> int:
