@@ -106,8 +106,19 @@ def main(argv=None) -> int:
     labels = a.runs.split(",")
     if a.finetune_iters and "none" not in labels:
         raise SystemExit("--finetune-iters fine-tunes the none run's model: add none to --runs")
-    work = tempfile.mkdtemp(prefix="bench_subspace_")
-    baseline = a.save_baseline or (os.path.join(work, "base") if a.finetune_iters else None)
+    work = tempfile.mkdtemp(prefix="bench_subspace_") if a.finetune_iters else None
+    try:
+        results = _runs(a, labels, common, layout, work, tp, pp)
+    finally:   # exports and imports (--save-baseline stays)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+    print("\n".join(table(results, _base(results))))
+    return 0
+
+
+def _runs(a, labels, common, layout, work, tp, pp) -> list:
+    """Each run of --runs, then (--finetune-iters) the fine-tuned rows."""
+    baseline = a.save_baseline or (os.path.join(work, "base") if work else None)
     results = []
     for label in labels:
         save = ["--save", baseline, "--save-interval", str(a.iters)] \
@@ -120,9 +131,7 @@ def main(argv=None) -> int:
         write(a, tp, pp, results)   # after every run: a long bench cut short keeps its rows
     if a.finetune_iters:
         finetune(a, labels, baseline, work, layout + a.extra.split(), results, tp, pp)
-    shutil.rmtree(work, ignore_errors=True)   # exports and imports (--save-baseline stays)
-    print("\n".join(table(results, _base(results))))
-    return 0
+    return results
 
 
 def finetune(a, labels, baseline, work, layout, results, tp, pp) -> None:
