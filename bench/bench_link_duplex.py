@@ -78,9 +78,9 @@ def worker(rank: int, master: str, port: int, n: int, size: int) -> None:
     dist.destroy_process_group()
 
 
-def measure(link: SlowLink, rate: str, size: int, port: int) -> dict:
-    # about 4 s one way on a shaped link, 64 messages unshaped
-    n = 64 if rate == "none" else max(2, int(4 * rate_bits(rate) / 8 / size))
+def measure(link: SlowLink, rate: str, size: int, port: int, seconds: float = 4.0) -> dict:
+    # about `seconds` one way on a shaped link, 64 messages unshaped
+    n = 64 if rate == "none" else max(2, int(seconds * rate_bits(rate) / 8 / size))
     link.set_rate(rate)
     procs = [subprocess.Popen(
         ["ip", "netns", "exec", link.ns[r], sys.executable, os.path.abspath(__file__),
@@ -117,6 +117,9 @@ def main():
     p.add_argument("--rates", default="none,100mbit,20mbit,5mbit",
                    help="comma-separated: none or <n>kbit/mbit/gbit for tc tbf")
     p.add_argument("--mib", type=float, default=1.0, help="message size in MiB (default 1)")
+    p.add_argument("--seconds", type=float, default=4.0,
+                   help="one-way time to aim each shaped pattern at (default 4; at 5 Mbit/s "
+                        "that is only 2 messages of 1 MiB)")
     p.add_argument("--port", type=int, default=29990)
     p.add_argument("--tbf-queue-ms", type=float, default=None,
                    help="tbf queue as time at the rate (default: bench_slow_link's 512 KiB+)")
@@ -130,7 +133,7 @@ def main():
     rows = []
     with SlowLink(queue_ms=a.tbf_queue_ms) as link:
         for rate in rates:
-            rows.append(measure(link, rate, int(a.mib * 2**20), a.port))
+            rows.append(measure(link, rate, int(a.mib * 2**20), a.port, a.seconds))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "link_duplex.json"), "w") as f:

@@ -289,6 +289,15 @@ class SlowLink:
                 self.sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root",
                         "tbf", "rate", rate, "burst", "128kb", "limit", str(limit))
 
+    def drops(self) -> List[int]:
+        """Packets tbf has dropped so far on each end (its queue full), A then B; 0 unshaped."""
+        out = []
+        for ns, dev in zip(self.ns, self.dev):
+            text = self.sh("ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev)
+            m = re.search(r"dropped (\d+)", getattr(text, "stdout", "") or "")
+            out.append(int(m.group(1)) if m else 0)
+        return out
+
     def close(self) -> None:
         """Deleting a namespace deletes the veth end inside it, and with it its peer."""
         while self.created:
@@ -344,6 +353,7 @@ def run_one(link: SlowLink, name: str, rate: str, overlap: bool, iters: int, ski
     log_path = os.path.join(log_dir, f"{name}-{rate}-{'ovl' if overlap else 'sync'}.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     lines, counters = [], {}
+    drops0 = link.drops()
     t0 = time.time()
     with open(log_path, "w") as log:
         try:
@@ -384,7 +394,8 @@ def run_one(link: SlowLink, name: str, rate: str, overlap: bool, iters: int, ski
     rec = summarise(lines, counters, skip, CROSSING[placement])
     rec.update(config=name, rate=rate, overlap=overlap, placement=placement, world=world,
                microbatches=microbatches,
-               wall_s=time.time() - t0, losses=[l["loss"] for l in lines])
+               wall_s=time.time() - t0, losses=[l["loss"] for l in lines],
+               tbf_drops=[b - a for a, b in zip(drops0, link.drops())])
     with open(log_path) as f:   # what --compression auto measured, chose and applied
         auto = re.findall(r"compression auto: ((?:measured|chose|flags).*)", f.read())
     if auto:
@@ -557,6 +568,9 @@ def main(argv=None) -> int:
                    help="set net.ipv4.tcp_slow_start_after_idle in both namespaces (Linux's "
                         "default 1 restarts a connection's congestion window after an idle "
                         "RTO); default: leave the kernel's setting")
+    p.add_argument("--tbf-queue-ms", type=float, default=None,
+                   help="tbf's queue as that many ms at the rate on top of the 128 KiB burst "
+                        "(default: at least 512 KiB, 0.84 s at 5 Mbit/s)")
     a = p.parse_args(argv)
     try:
         rates, names = parse_rates(a.rates), parse_configs(a.configs)
@@ -581,7 +595,8 @@ def main(argv=None) -> int:
     overlaps = {"both": (False, True), "on": (True,), "off": (False,)}[a.overlap]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # run the clean-up on kill too
     port = 29400
-    with SlowLink(slow_start_after_idle=a.tcp_slow_start_after_idle) as link:
+    with SlowLink(slow_start_after_idle=a.tcp_slow_start_after_idle,
+                  queue_ms=a.tbf_queue_ms) as link:
         for rate in rates:
             link.set_rate(rate)
             for name in names:

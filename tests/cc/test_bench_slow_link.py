@@ -154,6 +154,26 @@ def test_slow_start_after_idle_is_set_in_both_namespaces_only_when_asked():
         assert {c.split()[3] for c in cmds} == ({"mcct3a", "mcct3b"} if want else set())
 
 
+def test_drops_reads_each_ends_tbf_counter_and_zero_unshaped():
+    out = {"mcct4a": " qdisc tbf 8001: root refcnt 2 rate 5Mbit burst 128Kb lat 840.0ms\n"
+                     " Sent 9051846 bytes 6121 pkt (dropped 43, overlimits 9921 requeues 0)",
+           "mcct4b": " qdisc noqueue 0: root refcnt 2\n Sent 0 bytes 0 pkt (dropped 0, "
+                     "overlimits 0 requeues 0)"}
+    link = bsl.SlowLink(tag="t4", run=lambda cmd: subprocess.CompletedProcess(
+        cmd, 0, out[cmd[3]], ""))
+    assert link.drops() == [43, 0]
+    assert bsl.SlowLink(tag="t5", run=FakeIp()).drops() == [0, 0]   # no tc output at all
+
+
+def test_tbf_queue_ms_reaches_the_qdisc():
+    ip = FakeIp()
+    with bsl.SlowLink(tag="t6", run=ip, queue_ms=50) as link:
+        link.set_rate("5mbit")
+    want = bsl.tbf_limit("5mbit", 50)
+    assert want == 5_000_000 // 8 * 50 // 1000 + 128 * 1024
+    assert sum(f"tbf rate 5mbit burst 128kb limit {want}" in c for c in ip.cmds) == 2
+
+
 def test_without_root_one_clear_line(monkeypatch, capsys):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(SystemExit) as e:
