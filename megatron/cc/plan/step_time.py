@@ -24,15 +24,19 @@ once. A shaped link's token bucket (LinkSpec.burst_kb, tc tbf's burst) refills a
 bandwidth during the compute between two messages, so a message costs only what exceeds
 min(burst, bandwidth x that compute) (for the flows crossing together, their sum):
     pp     one message each way per micro-batch, c_fwd and c_bwd (codec time included).
-           synchronous: (pp - 1) (c_fwd + c_bwd) + (M - 1) max(c_fwd, c_bwd) on the critical
-           path: the fill and drain messages go alone, and every steady-state slot waits for
-           one batch whose activation and gradient cross the link at once, each direction at
-           full rate (NCCL; gloo too since megatron.cc.transport posts receives first:
-           bench_link_duplex.py, 1.03-1.08x one way where send-first took turns at 1.8x;
-           codec time per message, encode before the send and decode after it, goes with
-           its own direction). On a shared inter-datacentre link a steady-state direction
-           carries every message going that way (pp_message_parts' `crossing`: with replicas
-           placed in opposite directions, one's activation and the other's gradient).
+           synchronous: (pp - 1) (c_fwd + c_bwd + codecs) + (M - 1) (P - max_s compute_s):
+           the fill and drain messages go alone; in the steady state each batch's activation
+           and gradient cross the link at once, each direction at full rate (NCCL; gloo too
+           since megatron.cc.transport posts receives first: bench_link_duplex.py, 1.03x one
+           way where send-first took turns at 1.8x), and P = sync_period(): every stage
+           waits, each period, for the gradient from below and the activation from above, so
+           P = max_s(slot_s + [s > 0] c_fwd + [s < pp - 1] c_bwd), slot_s its compute with
+           its codec share (with_codecs). At pp 2 the downstream stage's longer slot (the
+           output layer) hides a gradient shorter than the difference (fixpoint4-fwd:
+           bench/results/slow_link_validation_one_run/); a middle stage pays both messages.
+           On a shared inter-datacentre link a steady-state direction carries every message
+           going that way (pp_message_parts' `crossing`: with replicas placed in opposite
+           directions, one's activation and the other's gradient).
            Overlapped (--overlap-p2p-comm): each stage's compute
            per micro-batch slot_s from its own parameters plus its share of the codecs
            (with_codecs: they run on the stage, not the link; c_fwd and c_bwd are then the
@@ -217,6 +221,20 @@ def overlapped_period(slots, c_f: float, c_b: float) -> float:
     return max(max(slots), c_f, c_b, *chains)
 
 
+def sync_period(slots, c_f: float, c_b: float) -> float:
+    """Steady-state time per micro-batch of synchronous non-interleaved 1F1B, from each stage's
+    compute per micro-batch (forward + backward, its codec share included) and one message's
+    time each way (the two of a batch crossing at once).
+
+    Stage s runs forward, then one batch with s + 1 (its activation out, a gradient in), then
+    backward, then one batch with s - 1 (its gradient out, the next activation in), each
+    waited for before the next compute; a batch moves once both ends have posted it, and in
+    the steady state the stages post in step. So stage s waits c_b per micro-batch below it
+    and c_f above it: P = max_s(slot_s + [s > 0] c_f + [s < pp - 1] c_b)."""
+    pp = len(slots)
+    return max(x + (s > 0) * c_f + (s < pp - 1) * c_b for s, x in enumerate(slots))
+
+
 def dp_seconds(m, layout, c, cluster, step_compute: float, t_b: float,
                overlap: bool = False, stage_lead: float = 0.0) -> float:
     """Exposed dp time of the slowest stage (every stage's dp groups run at once); stage s
@@ -340,7 +358,9 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
             pp_t = (M * B + pp - 2) * (c_f + k_f + c_b + k_b)
         elif not overlap:   # fill and drain alone, then each batch's two messages cross
             (a_f, _), (a_b, _) = pp_message_parts(m, layout, c, cluster, totals, slot, False)
-            pp_t = (pp - 1) * (a_f + k_f + a_b + k_b) + (M * B - 1) * max(c_f + k_f, c_b + k_b)
+            bare = [6 * stage_flops_params(m, layout, s) * T / rate + t_tp for s in range(pp)]
+            period = sync_period(with_codecs(bare, k_f + k_b), c_f, c_b)
+            pp_t = (pp - 1) * (a_f + k_f + a_b + k_b) + (M - 1) * (period - max(bare))
         elif vp > 1:   # each rank encodes its sends and decodes its receives: half each
             pp_t = (pp - 1) * (c_f + c_b + k_f + k_b) + (M * B - 1) * (
                 (k_f + k_b) / 2 + max(0.0, max(c_f, c_b) - slot))

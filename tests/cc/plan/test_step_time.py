@@ -69,6 +69,31 @@ def test_pipeline_transfer_on_the_critical_path():
     assert over.total <= sync.total
 
 
+def test_synchronous_period_waits_for_each_neighbours_message():
+    """Sync 1F1B: stage s waits each period for the gradient from below and the activation from
+    above, so P = max_s(slot_s + [s > 0] c_f + [s < pp - 1] c_b). At pp 2 a compressed forward
+    lets the downstream stage's longer slot hide the gradient; a middle stage pays both."""
+    from megatron.cc.plan.step_time import sync_period
+    assert sync_period([0.141, 0.235], 0.3, 0.3) == pytest.approx(0.535)   # uncompressed
+    assert sync_period([0.141, 0.235], 0.01, 0.077) == pytest.approx(0.245)  # hidden
+    assert sync_period([0.141, 0.235], 0.01, 0.387) == pytest.approx(0.528)  # partly
+    assert sync_period([0.2, 0.2, 0.2], 0.1, 0.05) == pytest.approx(0.35)   # the middle
+    lay = Layout(1, 2, 1, micro_batch_size=2, num_microbatches=4)
+    cl = _cluster(inter_gbps=1.0, lat_us=0)
+    c = CompressionConfig(forward_compress_method="fixpoint", forward_bits=4)
+    cl.codec_throughput_gbs = {"fixpoint": 1e6}                 # codec time ~0
+    t = step_time(M4, lay, c, cl)
+    slot0, slot1 = (6 * stage_flops_params(M4, lay, s) * 32 * 2 / 1e12 for s in (0, 1))
+    x = 32 * 2 * 64 * 4
+    c_b = x / (1e9 / 8)
+    from megatron.cc.plan.channel_bytes import channel_bytes
+    tot = channel_bytes(M4, lay, c)["pp-fwd"]
+    c_f = tot["sent"] / tot["messages"] / (1e9 / 8)
+    assert c_f < c_b / 4
+    period = max(slot0 + c_b, slot1 + c_f)
+    assert t.pp == pytest.approx(c_f + c_b + 3 * (period - slot1))
+
+
 def test_overlapped_period_of_1f1b():
     """E_(k+2) = max(E_k + c_b + slot_s + c_f, E_(k+1)) + slot_(s+1), iterated, settles to
     the closed form; neither compute nor a direction's messages can be outrun."""
