@@ -352,21 +352,20 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
     if pp > 1:
         B = boundaries_per_pair(pp, vp)
         slot = (t_f + t_b + t_tp) / B   # the compute behind one message: hides it, refills
+        bare = [6 * stage_flops_params(m, layout, s) * T / rate + t_tp for s in range(pp)]
         (c_f, k_f), (c_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, slot)
+        slots = with_codecs(bare, k_f + k_b)   # vp = 1: each stage's, its codec share in
         if not overlap and vp > 1:   # each send paired with the next op's receive: no
             # two sends meet (measured: the sum, bench/results/slow_link_interleaved_recv_first)
             pp_t = (M * B + pp - 2) * (c_f + k_f + c_b + k_b)
         elif not overlap:   # fill and drain alone, then each batch's two messages cross
             (a_f, _), (a_b, _) = pp_message_parts(m, layout, c, cluster, totals, slot, False)
-            bare = [6 * stage_flops_params(m, layout, s) * T / rate + t_tp for s in range(pp)]
-            period = sync_period(with_codecs(bare, k_f + k_b), c_f, c_b)
+            period = sync_period(slots, c_f, c_b)
             pp_t = (pp - 1) * (a_f + k_f + a_b + k_b) + (M - 1) * (period - max(bare))
         elif vp > 1:   # each rank encodes its sends and decodes its receives: half each
             pp_t = (pp - 1) * (c_f + c_b + k_f + k_b) + (M * B - 1) * (
                 (k_f + k_b) / 2 + max(0.0, max(c_f, c_b) - slot))
         else:
-            bare = [6 * stage_flops_params(m, layout, s) * T / rate + t_tp for s in range(pp)]
-            slots = with_codecs(bare, k_f + k_b)
             period = overlapped_period(slots, c_f, c_b)
             for _ in range(50):   # a direction refills its bucket only while it idles
                 idle = period - max(c_f, c_b)
