@@ -1,10 +1,10 @@
 """One message after the link idled, alone and crossing one the other way: the cost model's rule.
 
-The cost model (megatron/cc/plan/step_time.py, `_transfer`) charges a message of x bytes on a
-tbf-shaped link latency + max(0, x - tokens) / rate, the bucket holding min(burst, rate x idle)
-tokens after the link idled. This checks that rule message by message on bench_slow_link's
-link (gloo between two ranks over the tbf-shaped veth pair), the way a pipeline uses it: after
-an idle gap (--gap, longer than the bucket's refill) rank A sends one message to B,
+The cost model (megatron/cc/plan/step_time.py, `transfer_seconds`) charges a message of x
+bytes on a tbf-shaped link latency + max(0, x - tokens) / rate, the bucket holding
+min(burst, rate x idle) tokens after the link idled. This checks that rule message by message
+on bench_slow_link's link (gloo between two ranks over the tbf-shaped veth pair), the way a
+pipeline uses it: after an idle gap (--gap, longer than the bucket's refill) rank A sends one message to B,
   alone     and nothing else moves;
   crossing  and B sends one of the same size to A, starting --offsets seconds after A
             (receives posted first, as megatron.cc.transport posts them).
@@ -69,10 +69,10 @@ def rule_ms(rate: str, size: int) -> float:
     """The cost model's time for `size` bytes after a full refill, on the validator's link."""
     from validate_cost_model import links_at
     from megatron.cc.plan.links import Cluster
-    from megatron.cc.plan.step_time import _transfer
+    from megatron.cc.plan.step_time import transfer_seconds
     cl = Cluster(nodes=2, gpus_per_node=1, links=links_at(rate, 10.0, 100.0),
                  datacentres=[[0], [1]])
-    return 1e3 * _transfer(cl, "inter_datacentre", size, refill_s=1e9)
+    return 1e3 * transfer_seconds(cl, "inter_datacentre", size, refill_s=1e9)
 
 
 def measure(link: SlowLink, rate: str, size: int, offsets, repeats: int, gap: float,

@@ -126,7 +126,8 @@ def stage_flops_params(m: ModelShape, layout: Layout, stage: int) -> int:
     return n
 
 
-def _transfer(cluster: Cluster, level: str, nbytes: float, refill_s: float = 0.0) -> float:
+def transfer_seconds(cluster: Cluster, level: str, nbytes: float,
+                     refill_s: float = 0.0) -> float:
     """nbytes crossing one direction of the level's link at once (every flow's together), the
     bucket refilled for refill_s."""
     link = cluster.links[level]
@@ -179,14 +180,15 @@ def pp_message_parts(m, layout, c, cluster, totals, refill_s: float = 0.0,
         codec[ch] = codec_seconds(cluster, method, raw) \
             if sent[ch] < raw and method != "none" else 0.0
     if not ways:   # a link per GPU: each message has its direction to itself
-        return tuple((_transfer(cluster, level, sent[ch], refill_s), codec[ch])
+        return tuple((transfer_seconds(cluster, level, sent[ch], refill_s), codec[ch])
                      for ch in ("pp-fwd", "pp-bwd"))
     x_f, x_b = sent["pp-fwd"], sent["pp-bwd"]
     # direction (a, b): forward of pairs a -> b, backward of pairs b -> a
     load = {(a, b): ways[a, b] * x_f + crossing * ways[b, a] * x_b for a, b in ways}
     back = {(b, a): ways[a, b] * x_b + crossing * ways[b, a] * x_f for a, b in ways}
-    return ((_transfer(cluster, level, max(load.values()), refill_s), codec["pp-fwd"]),
-            (_transfer(cluster, level, max(back.values()), refill_s), codec["pp-bwd"]))
+    fwd = transfer_seconds(cluster, level, max(load.values()), refill_s)
+    bwd = transfer_seconds(cluster, level, max(back.values()), refill_s)
+    return (fwd, codec["pp-fwd"]), (bwd, codec["pp-bwd"])
 
 
 def boundaries_per_pair(pp: int, vp: int) -> int:
