@@ -4,7 +4,8 @@ The cost model (megatron/cc/plan/step_time.py, `transfer_seconds`) charges a mes
 bytes on a tbf-shaped link latency + max(0, x - tokens) / rate, the bucket holding
 min(burst, rate x idle) tokens after the link idled. This checks that rule message by message
 on bench_slow_link's link (gloo between two ranks over the tbf-shaped veth pair), the way a
-pipeline uses it: after an idle gap (--gap, longer than the bucket's refill) rank A sends one message to B,
+pipeline uses it: after an idle gap (--gap, longer than the bucket's refill) rank A sends one
+message to B,
   alone     and nothing else moves;
   crossing  and B sends one of the same size to A, starting --offsets seconds after A
             (receives posted first, as megatron.cc.transport posts them).
