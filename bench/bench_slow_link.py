@@ -293,8 +293,8 @@ class SlowLink:
         """Packets tbf has dropped so far on each end (its queue full), A then B; 0 unshaped."""
         out = []
         for ns, dev in zip(self.ns, self.dev):
-            text = self.sh("ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev)
-            m = re.search(r"dropped (\d+)", getattr(text, "stdout", "") or "")
+            shown = self.sh("ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev)
+            m = re.search(r"dropped (\d+)", shown.stdout or "")
             out.append(int(m.group(1)) if m else 0)
         return out
 

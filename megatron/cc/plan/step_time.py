@@ -344,7 +344,8 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
     --overlap-grad-reduce (the latter for --dp-mode allreduce)."""
     rate = cluster.tflops_per_gpu * 1e12
     T = m.seq_length * layout.micro_batch_size
-    n = max(stage_flops_params(m, layout, s) for s in range(layout.pp))
+    per_stage = [stage_flops_params(m, layout, s) for s in range(layout.pp)]
+    n = max(per_stage)
     t_f, t_b = 2 * n * T / rate, 4 * n * T / rate
     M, pp, vp = layout.num_microbatches, layout.pp, layout.virtual_stages
     compute, bubble = M * (t_f + t_b), (pp - 1) * (t_f + t_b) / vp
@@ -354,7 +355,7 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
     if pp > 1:
         B = boundaries_per_pair(pp, vp)
         slot = (t_f + t_b + t_tp) / B   # the compute behind one message: hides it, refills
-        bare = [6 * stage_flops_params(m, layout, s) * T / rate + t_tp for s in range(pp)]
+        bare = [6 * x * T / rate + t_tp for x in per_stage]
         (c_f, k_f), (c_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, slot)
         slots = with_codecs(bare, k_f + k_b)   # vp = 1: each stage's, its codec share in
         if not overlap and vp > 1:   # each send paired with the next op's receive: no
