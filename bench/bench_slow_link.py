@@ -247,10 +247,13 @@ class SlowLink:
     """
 
     def __init__(self, tag: Optional[str] = None, run: Callable = None,
-                 slow_start_after_idle: Optional[int] = None, queue_ms: Optional[float] = None):
+                 slow_start_after_idle: Optional[int] = None, queue_ms: Optional[float] = None,
+                 congestion_control: Optional[str] = None):
         tag = tag or str(os.getpid())
         self.slow_start_after_idle = slow_start_after_idle
         self.queue_ms = queue_ms
+        self.congestion_control = congestion_control
+        self.allowed_before: Optional[str] = None   # the host's list, restored on close
         self.ns = (f"mcc{tag}a", f"mcc{tag}b")
         self.dev = (f"mcc{tag}x", f"mcc{tag}y")
         self.ip = ("10.211.0.1", "10.211.0.2")
@@ -274,7 +277,27 @@ class SlowLink:
             if self.slow_start_after_idle is not None:   # per namespace
                 self.sh("ip", "netns", "exec", ns, "sysctl", "-qw",
                         f"net.ipv4.tcp_slow_start_after_idle={self.slow_start_after_idle}")
+        if self.congestion_control is not None:
+            self._allow(self.congestion_control)
+            for ns in self.ns:   # per namespace; new sockets (every run's) take it
+                self.sh("ip", "netns", "exec", ns, "sysctl", "-qw",
+                        f"net.ipv4.tcp_congestion_control={self.congestion_control}")
         return self
+
+    def _allow(self, cc: str) -> None:
+        """A namespace may only pick a congestion control the host allows: add `cc` to the
+        host's list for as long as the link exists."""
+        key = "net.ipv4.tcp_allowed_congestion_control"
+        allowed = (self.sh("sysctl", "-n", key).stdout or "").split()
+        if cc not in allowed:
+            self.allowed_before = " ".join(allowed)
+            self.sh("sysctl", "-qw", f"{key}={' '.join(allowed + [cc])}")
+
+    def congestion_control_in_use(self) -> str:
+        """What new TCP sockets of side A use (the kernel's default unless set)."""
+        out = self.sh("ip", "netns", "exec", self.ns[0], "sysctl", "-n",
+                      "net.ipv4.tcp_congestion_control")
+        return (out.stdout or "").strip()
 
     def set_rate(self, rate: str) -> None:
         """tbf on both ends (each direction); 'none' removes the shaping."""
@@ -306,6 +329,13 @@ class SlowLink:
                 self.sh("ip", "netns", "del", ns)
             except Exception as e:   # keep removing the others
                 print(f"bench_slow_link: could not delete namespace {ns}: {e}", file=sys.stderr)
+        if self.allowed_before is not None:
+            before, self.allowed_before = self.allowed_before, None
+            try:
+                self.sh("sysctl", "-qw", f"net.ipv4.tcp_allowed_congestion_control={before}")
+            except Exception as e:
+                print(f"bench_slow_link: could not restore the host's allowed congestion "
+                      f"controls ({before}): {e}", file=sys.stderr)
 
     def __enter__(self):
         atexit.register(self.close)
@@ -317,6 +347,28 @@ class SlowLink:
 
     def __exit__(self, *exc):
         self.close()
+
+
+AVAILABLE_CC = "/proc/sys/net/ipv4/tcp_available_congestion_control"
+
+
+def add_congestion_control_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tcp-congestion-control", default=None, metavar="NAME",
+                   help="TCP congestion control of both namespaces (e.g. cubic, bbr, reno; "
+                        f"one of {AVAILABLE_CC}); default: the kernel's. Each record notes "
+                        "the one in use")
+
+
+def check_congestion_control(name: Optional[str], available: Optional[str] = None) -> None:
+    """Refuse, before anything runs, a congestion control this kernel does not have."""
+    if name is None:
+        return
+    if available is None:
+        with open(AVAILABLE_CC) as f:
+            available = f.read()
+    if name not in available.split():
+        raise ValueError(f"--tcp-congestion-control {name!r}: this kernel has "
+                         f"{', '.join(available.split())} ({AVAILABLE_CC}); pick one of them")
 
 
 def require_root() -> None:
@@ -395,7 +447,8 @@ def run_one(link: SlowLink, name: str, rate: str, overlap: bool, iters: int, ski
     rec.update(config=name, rate=rate, overlap=overlap, placement=placement, world=world,
                microbatches=microbatches,
                wall_s=time.time() - t0, losses=[l["loss"] for l in lines],
-               tbf_drops=[b - a for a, b in zip(drops0, link.drops())])
+               tbf_drops=[b - a for a, b in zip(drops0, link.drops())],
+               tcp_congestion_control=link.congestion_control_in_use())
     with open(log_path) as f:   # what --compression auto measured, chose and applied
         auto = re.findall(r"compression auto: ((?:measured|chose|flags).*)", f.read())
     if auto:
@@ -571,10 +624,12 @@ def main(argv=None) -> int:
     p.add_argument("--tbf-queue-ms", type=float, default=None,
                    help="tbf's queue as that many ms at the rate on top of the 128 KiB burst "
                         "(default: at least 512 KiB, 0.84 s at 5 Mbit/s)")
+    add_congestion_control_flag(p)
     a = p.parse_args(argv)
     try:
         rates, names = parse_rates(a.rates), parse_configs(a.configs)
         names = with_virtual(names, a.virtual_pipeline)
+        check_congestion_control(a.tcp_congestion_control)
     except ValueError as e:
         sys.exit(f"bench_slow_link: {e}")
     if a.skip < 1 or a.iters < a.skip + 2:
@@ -596,7 +651,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # run the clean-up on kill too
     port = 29400
     with SlowLink(slow_start_after_idle=a.tcp_slow_start_after_idle,
-                  queue_ms=a.tbf_queue_ms) as link:
+                  queue_ms=a.tbf_queue_ms, congestion_control=a.tcp_congestion_control) as link:
         for rate in rates:
             link.set_rate(rate)
             for name in names:

@@ -154,6 +154,50 @@ def test_slow_start_after_idle_is_set_in_both_namespaces_only_when_asked():
         assert {c.split()[3] for c in cmds} == ({"mcct3a", "mcct3b"} if want else set())
 
 
+class FakeSysctl(FakeIp):
+    """FakeIp whose host answers `sysctl -n <allowed list>` with `allowed`."""
+
+    def __init__(self, allowed):
+        super().__init__()
+        self.allowed = allowed
+
+    def __call__(self, cmd):
+        done = super().__call__(cmd)
+        if cmd[:2] == ["sysctl", "-n"]:
+            return subprocess.CompletedProcess(cmd, 0, self.allowed + "\n", "")
+        return done
+
+
+def test_congestion_control_is_allowed_set_per_namespace_and_the_host_list_restored():
+    ip = FakeSysctl("reno bbr")
+    with bsl.SlowLink(tag="t7", run=ip, congestion_control="cubic"):
+        pass
+    key = "net.ipv4.tcp_allowed_congestion_control"
+    host = [c for c in ip.cmds if c.startswith("sysctl -qw")]
+    # allowed first (a namespace may only choose what the host allows), restored after the
+    # namespaces are gone
+    assert host == [f"sysctl -qw {key}=reno bbr cubic", f"sysctl -qw {key}=reno bbr"]
+    assert ip.cmds.index(host[1]) > max(i for i, c in enumerate(ip.cmds) if "netns del" in c)
+    per_ns = [c for c in ip.cmds if c.endswith("net.ipv4.tcp_congestion_control=cubic")]
+    assert {c.split()[3] for c in per_ns} == {"mcct7a", "mcct7b"}
+    # already allowed: the host's list is left alone; not asked: nothing is set at all
+    ip = FakeSysctl("reno bbr cubic")
+    with bsl.SlowLink(tag="t8", run=ip, congestion_control="cubic"):
+        pass
+    assert not [c for c in ip.cmds if c.startswith("sysctl -qw")]
+    ip = FakeIp()
+    with bsl.SlowLink(tag="t9", run=ip):
+        pass
+    assert not [c for c in ip.cmds if "congestion_control" in c]
+
+
+def test_an_unknown_congestion_control_is_refused_naming_the_flag():
+    bsl.check_congestion_control(None, "reno cubic")
+    bsl.check_congestion_control("cubic", "reno cubic")
+    with pytest.raises(ValueError, match=r"--tcp-congestion-control 'vegas'.*reno, cubic"):
+        bsl.check_congestion_control("vegas", "reno cubic")
+
+
 def test_drops_reads_each_ends_tbf_counter_and_zero_unshaped():
     out = {"mcct4a": " qdisc tbf 8001: root refcnt 2 rate 5Mbit burst 128Kb lat 840.0ms\n"
                      " Sent 9051846 bytes 6121 pkt (dropped 43, overlimits 9921 requeues 0)",

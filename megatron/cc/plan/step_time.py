@@ -28,7 +28,9 @@ min(burst, bandwidth x that compute) (for the flows crossing together, their sum
            the fill and drain messages go alone; in the steady state each batch's activation
            and gradient cross the link at once, each direction at full rate (NCCL; gloo too
            since megatron.cc.transport posts receives first: bench_link_duplex.py, 1.03x one
-           way where send-first took turns at 1.8x), and P = sync_period(): every stage
+           way where send-first took turns at 1.8x; a congestion control that shares the two
+           directions fairly is assumed: CUBIC does on a tbf-shaped link, BBR at 5 Mbit/s
+           does not, bench_link_1f1b.py), and P = sync_period(): every stage
            waits, each period, for the gradient from below and the activation from above, so
            P = max_s(slot_s + [s > 0] c_fwd + [s < pp - 1] c_bwd), slot_s its compute with
            its codec share (with_codecs). At pp 2 the downstream stage's longer slot (the
@@ -43,9 +45,13 @@ min(burst, bandwidth x that compute) (for the flows crossing together, their sum
            transfers alone), and a steady-state period P = overlapped_period(): at every
            boundary two chains of round trips (gradient out, the upstream stage's backward
            and next forward, activation back) interleave, so P = max(slot_(s+1), (c_fwd +
-           c_bwd + slot_s + slot_(s+1)) / 2), the two directions busy at once; exposed
-           (pp - 1) (c_fwd + c_bwd + codecs) + (M - 1) (P - max_s compute_s), each
-           direction's bucket refilled only while it idles (P - c). Interleaved: the forward
+           c_bwd + slot_s + slot_(s+1)) / 2), the two directions busy at once, each chain
+           paying its own messages alone; where several flows share a direction (the
+           `both` placement) their sum bounds P from below: they delay each other only as
+           far as they fill it (bench/results/slow_link_validation_cubic/: +16.9% -> +0.7%
+           for uncompressed-both at 20 Mbit/s); exposed (pp - 1) (c_fwd + c_bwd + codecs)
+           + (M - 1) (P - max_s compute_s), fill and drain alone, each direction's bucket
+           refilled only while it idles (P - c). Interleaved: the forward
            and backward streams cross at once, each transfer hidden by the compute behind a
            message, each rank's codec share (half of both messages') not: (pp - 1) (c_fwd +
            c_bwd + codecs) + (M B - 1) (codecs / 2 + max(0, max(c_fwd, c_bwd) - slot)), B
@@ -369,14 +375,19 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
             pp_t = (pp - 1) * (c_f + c_b + k_f + k_b) + (M * B - 1) * (
                 (k_f + k_b) / 2 + max(0.0, max(c_f, c_b) - slot))
         else:
-            period = overlapped_period(slots, c_f, c_b)
+            # each chain's round trip pays its own messages' transfers (a_*: alone); a
+            # direction shared by several flows bounds the period by their sum (c_*)
+            (a_f, _), (a_b, _) = pp_message_parts(m, layout, c, cluster, totals, slot, False)
+            period = max(overlapped_period(slots, a_f, a_b), c_f, c_b)
             for _ in range(50):   # a direction refills its bucket only while it idles
                 idle = period - max(c_f, c_b)
                 (c_f, _), (c_b, _) = pp_message_parts(m, layout, c, cluster, totals, idle)
-                period, before = overlapped_period(slots, c_f, c_b), period
+                (a_f, _), (a_b, _) = pp_message_parts(m, layout, c, cluster, totals, idle,
+                                                      False)
+                period, before = max(overlapped_period(slots, a_f, a_b), c_f, c_b), period
                 if abs(period - before) <= 1e-9 * period:
                     break
-            pp_t = (pp - 1) * (c_f + c_b + k_f + k_b) + (M - 1) * (period - max(bare))
+            pp_t = (pp - 1) * (a_f + a_b + k_f + k_b) + (M - 1) * (period - max(bare))
     dp_t = dp_seconds(m, layout, c, cluster, compute + bubble, t_b,
                       overlap and c.dp_mode == "allreduce", t_b / vp)
     return StepTime(compute, bubble, pp_t, dp_t, emb_seconds(m, layout, c, cluster, totals),
