@@ -101,7 +101,8 @@ def model_ms(rate: str, nbytes: int, slots, M: int, mode: str) -> float:
     """The cost model's time per iteration of this pattern (pp 2, no codecs)."""
     from validate_cost_model import links_at
     from megatron.cc.plan.links import Cluster
-    from megatron.cc.plan.step_time import overlapped_period, sync_period, transfer_seconds
+    from megatron.cc.plan.step_time import (steady_overlapped_period, sync_period,
+                                            transfer_seconds)
     cl = Cluster(nodes=2, gpus_per_node=1, links=links_at(rate, 10.0, 100.0),
                  datacentres=[[0], [1]])
     top = max(slots)
@@ -111,15 +112,9 @@ def model_ms(rate: str, nbytes: int, slots, M: int, mode: str) -> float:
     alone = c(top)
     if mode == "sync":   # the steady batches cross: each direction its own message
         period = sync_period(slots, c(top), c(top))
-    else:
-        cf = cb = c(top)
-        period = overlapped_period(slots, cf, cb)
-        for _ in range(50):   # as step_time: a direction refills only while it idles
-            cf = cb = c(max(0.0, period - cf))
-            period, before = overlapped_period(slots, cf, cb), period
-            if abs(period - before) <= 1e-9 * period:
-                break
-        alone = cf
+    else:   # one flow a direction: a message alone is its direction's whole load
+        period, (alone, _), _ = steady_overlapped_period(
+            slots, lambda refill: ((c(refill),) * 2, (c(refill),) * 2), top)
     return 1e3 * ((M + 1) * top + 2 * alone + (M - 1) * (period - top))
 
 

@@ -229,6 +229,22 @@ def overlapped_period(slots, c_f: float, c_b: float) -> float:
     return max(max(slots), c_f, c_b, *chains)
 
 
+def steady_overlapped_period(slots, transfers, refill_s: float):
+    """overlapped_period with each direction's token bucket refilled only while it idles, to
+    its fixed point: (period, (a_f, a_b), (c_f, c_b)). `transfers(refill_s)` gives one
+    message's transfer each way alone (a_*) and with every flow sharing its direction (c_*),
+    the bucket refilled for refill_s (first: refill_s). Each chain's round trip pays its own
+    messages (a_*); a direction shared by several flows bounds the period by their sum (c_*)."""
+    alone, shared = transfers(refill_s)
+    period = max(overlapped_period(slots, *alone), *shared)
+    for _ in range(50):
+        alone, shared = transfers(period - max(shared))
+        period, before = max(overlapped_period(slots, *alone), *shared), period
+        if abs(period - before) <= 1e-9 * period:
+            break
+    return period, alone, shared
+
+
 def sync_period(slots, c_f: float, c_b: float) -> float:
     """Steady-state time per micro-batch of synchronous non-interleaved 1F1B, from each stage's
     compute per micro-batch (forward + backward, its codec share included) and one message's
@@ -375,18 +391,12 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
             pp_t = (pp - 1) * (c_f + c_b + k_f + k_b) + (M * B - 1) * (
                 (k_f + k_b) / 2 + max(0.0, max(c_f, c_b) - slot))
         else:
-            # each chain's round trip pays its own messages' transfers (a_*: alone); a
-            # direction shared by several flows bounds the period by their sum (c_*)
-            (a_f, _), (a_b, _) = pp_message_parts(m, layout, c, cluster, totals, slot, False)
-            period = max(overlapped_period(slots, a_f, a_b), c_f, c_b)
-            for _ in range(50):   # a direction refills its bucket only while it idles
-                idle = period - max(c_f, c_b)
-                (c_f, _), (c_b, _) = pp_message_parts(m, layout, c, cluster, totals, idle)
-                (a_f, _), (a_b, _) = pp_message_parts(m, layout, c, cluster, totals, idle,
+            def transfers(refill_s):
+                (c_f, _), (c_b, _) = pp_message_parts(m, layout, c, cluster, totals, refill_s)
+                (a_f, _), (a_b, _) = pp_message_parts(m, layout, c, cluster, totals, refill_s,
                                                       False)
-                period, before = max(overlapped_period(slots, a_f, a_b), c_f, c_b), period
-                if abs(period - before) <= 1e-9 * period:
-                    break
+                return (a_f, a_b), (c_f, c_b)
+            period, (a_f, a_b), _ = steady_overlapped_period(slots, transfers, slot)
             pp_t = (pp - 1) * (a_f + a_b + k_f + k_b) + (M - 1) * (period - max(bare))
     dp_t = dp_seconds(m, layout, c, cluster, compute + bubble, t_b,
                       overlap and c.dp_mode == "allreduce", t_b / vp)
