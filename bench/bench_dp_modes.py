@@ -51,6 +51,9 @@ Runs (dp=4, pp=1 unless the name says pp2):
                        dp=4 on the demo model: H50 r4 x1158, H50 r6 x804, H30 r4 x695,
                        H30 r2 x1241, H40 r3 x1188, H75 r6 x1206, H100 r8 x1232;
                        -avg: outer lr 1, no momentum; -m0.5: Nesterov momentum 0.5
+  diloco-H75-fixpoint-2-noef-dpadam / -ef0.5, diloco-H50-fixpoint-1[-noef]-dpadam,
+  diloco-H100-fixpoint-3-noef-dpadam   --diloco-error-decay 0 / 0.5 (1: plain error
+                       feedback): x1129 / x1422 / x1024; diloco-H75-dpadam: exact, x75
 
     python bench/bench_dp_modes.py [--iters 300] [--runs allreduce,cocktail] [--replot]
     python bench/bench_dp_modes.py --warm-start 300 --out bench/results/warm --runs ...
@@ -115,6 +118,8 @@ def diloco_cocktail(h: int, random_ratio: float, bits: int = 2):
 
 
 AVG = ["--diloco-outer-lr", "1", "--diloco-outer-momentum", "0"]
+NOEF = ["--diloco-error-decay", "0"]
+EF_HALF = ["--diloco-error-decay", "0.5"]
 
 
 def diloco_psgd(h: int, rank: int):
@@ -211,6 +216,15 @@ RUNS = {
     "diloco-H30-psgd2-avg-dpadam": diloco_psgd(30, 2) + AVG,       # x1241
     "diloco-H100-psgd8-avg-dpadam": diloco_psgd(100, 8) + AVG,     # x1232
     "diloco-H50-psgd4-m0.5-dpadam": diloco_psgd(50, 4) + ["--diloco-outer-momentum", "0.5"],
+    # error feedback across few syncs: the replicas' inner steps already repair much of a
+    # sync's quantisation error before the residual is sent again (-noef: beta 0, every sync
+    # stands alone; -ef0.5: half of it); exact references at the same H
+    "diloco-H75-dpadam": diloco(75) + DPADAM,                                          # x75
+    "diloco-H75-fixpoint-2-noef-dpadam": diloco(75, "fixpoint-2") + NOEF + DPADAM,      # x1129
+    "diloco-H75-fixpoint-2-ef0.5-dpadam": diloco(75, "fixpoint-2") + EF_HALF + DPADAM,  # x1129
+    "diloco-H50-fixpoint-1-dpadam": diloco(50, "fixpoint-1") + DPADAM,                 # x1422
+    "diloco-H50-fixpoint-1-noef-dpadam": diloco(50, "fixpoint-1") + NOEF + DPADAM,      # x1422
+    "diloco-H100-fixpoint-3-noef-dpadam": diloco(100, "fixpoint-3") + NOEF + DPADAM,    # x1024
 }
 
 

@@ -19,9 +19,11 @@ def flat_codec(c, name: str, seed: int = 0):
                            scheme=c.quant_scheme)
 
 
-def sharded_exchange(c, group, name: str, seed: int) -> ShardedExchange:
+def sharded_exchange(c, group, name: str, seed: int,
+                     error_decay: float = 1.0) -> ShardedExchange:
     # the rolling mask depends on the seed: equal on every replica, for both phases
-    return ShardedExchange(group, flat_codec(c, name, seed), flat_codec(c, name, seed))
+    return ShardedExchange(group, flat_codec(c, name, seed), flat_codec(c, name, seed),
+                           error_decay)
 
 
 def sharded_exchange_bytes(numel: int, world: int, codec) -> int:

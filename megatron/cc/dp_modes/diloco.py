@@ -85,6 +85,11 @@ class DiLoCo(DiLoCoLoop):
                 "settings), powersgd-<rank> (e.g. powersgd-4: one warm-started PowerSGD "
                 "round per matrix, DiLoCoX's low-rank exchange; vectors exact in fp32). "
                 "Lossy codecs keep each replica's residual (error feedback).")
+    diloco_error_decay: float = flag(
+        1.0, "diloco: beta, the weight of the codec's residuals (each replica's and each "
+             "shard owner's) when added to the next sync, in [0, 1] (1: plain error feedback; "
+             "0: none, every sync stands alone). fp16, int8, fixpoint-<bits> and cocktail "
+             "only.")
 
     @staticmethod
     def borrows(c):
@@ -125,6 +130,13 @@ class DiLoCo(DiLoCoLoop):
                 and (bits is None or not 1 <= bits <= 8):
             raise ConfigError(f"--diloco-compression {name!r}: expected none, fp16, int8, "
                               f"fixpoint-<bits 1..8>, cocktail or powersgd-<rank>")
+        if not 0.0 <= c.diloco_error_decay <= 1.0:
+            raise ConfigError(f"--diloco-error-decay must be in [0, 1], got "
+                              f"{c.diloco_error_decay}")
+        if c.diloco_error_decay != 1.0 and (name == "none" or rank):
+            raise ConfigError(f"--diloco-error-decay {c.diloco_error_decay} weighs the residuals "
+                              f"of a flat codec (fp16, int8, fixpoint-<bits>, cocktail); "
+                              f"--diloco-compression {name} keeps none of its own: drop the flag")
 
     @staticmethod
     def build(c, topo, stats, run):
@@ -135,7 +147,9 @@ class DiLoCo(DiLoCoLoop):
         elif c.diloco_compression == "none":
             exchange = None
         else:
-            exchange = sharded_exchange(c, group, c.diloco_compression, run.seed)
+            exchange = sharded_exchange(c, group, c.diloco_compression, run.seed,
+                                        c.diloco_error_decay)
         return DiLoCoSync(topo.dp_group, stats, c.diloco_inner_steps, c.diloco_outer_lr,
                           c.diloco_outer_momentum, exchange, c.diloco_fragments,
-                          c.diloco_sync_delay, reduce_group=group)
+                          c.diloco_sync_delay, reduce_group=group,
+                          error_decay=c.diloco_error_decay)

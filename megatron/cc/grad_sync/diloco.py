@@ -27,9 +27,11 @@ Bytes: counted when a sync happens (the log line averages them over its iteratio
 what the gradient all-reduce of every inner step since the fragment's last sync would cost.
 State (checkpoint): theta_g, momentum and codec residual per fragment, exchange state.
 
-SparseLoCo (--dp-mode sparseloco, sparseloco.py) is this class with a decayed residual
-(e_i <- beta e_i + Delta_i before the codec, error_decay = beta; 1 here), no outer momentum
-and a GatherExchange through the chunked top-k codec.
+The residual is added with weight beta (e_i <- beta e_i + Delta_i before the codec):
+--diloco-error-decay, 1 by default (0: no error feedback; the sharded exchange weighs its
+owners' server errors alike). SparseLoCo (--dp-mode sparseloco, sparseloco.py) is this class
+with beta = --sparseloco-error-decay, no outer momentum and a GatherExchange through the
+chunked top-k codec.
 """
 import time
 from typing import Dict, List, Optional

@@ -47,11 +47,13 @@ class ShardedExchange:
         group: the dp process group (the replicas of one pipeline stage).
         worker_codec / server_codec: flat codecs of phase 1 and phase 2 (separate instances:
             each keeps its own stochastic-rounding generator).
+        error_decay: beta, the weight of the owner's server error when added to the next
+            round's mean (1: plain error feedback; 0: none; --diloco-error-decay).
     Server errors are keyed by the caller (one vector may be split into segments).
     """
 
-    def __init__(self, group, worker_codec, server_codec):
-        self.group = group
+    def __init__(self, group, worker_codec, server_codec, error_decay: float = 1.0):
+        self.group, self.decay = group, error_decay
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.worker_codec, self.server_codec = worker_codec, server_codec
@@ -83,8 +85,8 @@ class ShardedExchange:
             mine += self.worker_codec.decompress(from_bytes(recv[j], wspec), s, step)
         mine /= D
         err = self.server_error.get(key)
-        if err is not None:
-            mine += err.to(mine.device)
+        if err is not None and self.decay:   # alpha 1: bit-identical to a plain add
+            mine.add_(err.to(mine.device), alpha=self.decay)
         p2 = self.server_codec.compress(mine, step)
         self.server_error[key] = mine - self.server_codec.decompress(p2, s, step)
         mine_bytes = to_bytes(p2)

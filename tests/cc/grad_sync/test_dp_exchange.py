@@ -7,6 +7,7 @@
 - error buffers telescope: per worker, sum of what it sent + its remaining error == sum of its
   true deltas; per group, sum of the agreed updates + the owners' server errors == the mean of
   what the workers sent;
+- the owners' server error weighed by --diloco-error-decay (0: forgotten, 0.5: half, 1: all);
 - AD-PSGD's pairwise averaging keeps the replicas' mean (and mixes them);
 - preduce's window scheduler: every member of a window sees the same group;
 - DiLoCo's outer step == torch.optim.SGD(nesterov=True) on the mean pseudo-gradient, and
@@ -31,12 +32,12 @@ def _t(x):
     return torch.from_numpy(x) if hasattr(x, "dtype") and not torch.is_tensor(x) else x
 
 
-def _exchange(kind, **kw):
+def _exchange(kind, error_decay=1.0, **kw):
     from megatron.cc.grad_sync.flat_codecs import make_flat_codec
     from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
     rank = dist.get_rank()
     return ShardedExchange(dist.group.WORLD, make_flat_codec(kind, seed=rank, **kw),
-                           make_flat_codec(kind, seed=rank + 100, **kw))
+                           make_flat_codec(kind, seed=rank + 100, **kw), error_decay)
 
 
 def _worker(rank, world):
@@ -90,7 +91,24 @@ def _worker(rank, world):
     out["adpsgd"] = _adpsgd(rank)
     out["windows"] = _windows(rank, world)
     out["diloco"] = _diloco_worker(rank, world)
+    out["decay"] = _decay_worker(rank)
     return _np(out)
+
+
+def _decay_worker(rank):
+    """The same vector exchanged twice (deterministic fixpoint-2) under server error decays 0,
+    0.5 and 1, and a decay-1 exchange preloaded with half the first round's server error."""
+    x = torch.randn(N, generator=torch.Generator().manual_seed(70 + rank))
+    out = {}
+    for decay in (0.0, 0.5, 1.0):
+        ex = _exchange("fixpoint-2", error_decay=decay)
+        u1 = ex(x, 0)[0]
+        err = ex.server_error[""].clone()
+        out[decay] = (u1, ex(x, 1)[0], err)
+    ref = _exchange("fixpoint-2")
+    ref.server_error[""] = 0.5 * out[0.5][2]
+    out["half_by_hand"] = ref(x, 1)[0]
+    return out
 
 
 def _adpsgd(rank):
@@ -161,6 +179,19 @@ def test_cocktail_exchange(results):
         assert torch.allclose(sum_sent + err, sum_true, atol=1e-4)
         assert torch.allclose(sum_update + server_err, mean_sent, atol=1e-4)
         assert err.abs().max() > 0.1   # lossy: something really was held back
+
+
+def test_server_error_decay(results):
+    """--diloco-error-decay on the owners' side: 0 forgets the server error (the same input
+    gives the same update twice), 1 adds all of it (the second update differs), 0.5 adds
+    half (equal to a plain exchange handed half the error by hand)."""
+    for r in results:
+        d = r["decay"]
+        assert torch.equal(d[0.0][0], d[0.0][1])
+        assert not torch.equal(d[1.0][0], d[1.0][1])
+        assert torch.equal(d[0.5][1], r["decay"]["half_by_hand"])
+        assert not torch.equal(d[0.5][1], d[1.0][1]) and not torch.equal(d[0.5][1], d[0.0][1])
+        assert torch.equal(d[0.5][0], d[1.0][0])   # the first round has no error to weigh
 
 
 def test_adpsgd_keeps_the_mean(results):
