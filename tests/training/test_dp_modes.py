@@ -140,6 +140,8 @@ def test_resume_bit_exact_with_each_dp_mode(tiny_corpus, tmp_path):
     ({"dp-mode": "diloco", "diloco-outer-momentum": 1.0}, 2, "--diloco-outer-momentum"),
     ({"dp-mode": "diloco", "diloco-compression": "int8", "diloco-error-decay": 1.5}, 2,
      "--diloco-error-decay must be in"),
+    ({"dp-mode": "diloco", "diloco-capture-dir": "pyproject.toml"}, 2,
+     "--diloco-capture-dir pyproject.toml is a file"),
     ({"dp-mode": "diloco", "diloco-error-decay": 0.5}, 2,
      "--diloco-compression none keeps none of its own: drop the flag"),
     ({"dp-mode": "diloco", "diloco-compression": "powersgd-4", "diloco-error-decay": 0.0}, 2,

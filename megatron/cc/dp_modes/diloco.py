@@ -3,6 +3,7 @@ exact, through a sharded-exchange codec or low-rank (PowerSGD per matrix); Strea
 fragments and sync delay (megatron/cc/grad_sync/diloco.py). DiLoCoLoop's flags are
 SparseLoCo's too."""
 import math
+import os
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -29,8 +30,18 @@ class DiLoCoLoop(DpMode):
            "inner steps (background thread); the update is applied then, keeping the local "
            "progress of those steps. Must be < H/F.")
 
+    diloco_capture_dir: str = flag(
+        "", "diloco, sparseloco: write every replica's pseudo-gradient at every sync (fp32, "
+            "before error feedback, with its tensors' shapes) to this directory, one file per "
+            "sync, fragment and rank, for codec studies (bench/bench_pseudograd_codecs.py). "
+            "A host copy per sync; empty: off.")
+
     @staticmethod
     def check(c, pp: int, dp: int) -> None:
+        if c.diloco_capture_dir and os.path.exists(c.diloco_capture_dir) \
+                and not os.path.isdir(c.diloco_capture_dir):
+            raise ConfigError(f"--diloco-capture-dir {c.diloco_capture_dir} is a file; give a "
+                              f"directory (created if missing)")
         if c.diloco_fragments < 1 or c.diloco_inner_steps % c.diloco_fragments:
             raise ConfigError(f"--diloco-fragments {c.diloco_fragments} must be >= 1 and "
                               f"divide --diloco-inner-steps {c.diloco_inner_steps}")
@@ -64,6 +75,14 @@ class DiLoCoLoop(DpMode):
     def fragment_bytes(c, shapes, world: int) -> int:
         """What one sync of a fragment of tensors shaped `shapes` counts."""
         raise NotImplementedError
+
+    @staticmethod
+    def capture_dir(c):
+        """--diloco-capture-dir, created (every rank may race to it), or None."""
+        if not c.diloco_capture_dir:
+            return None
+        os.makedirs(c.diloco_capture_dir, exist_ok=True)
+        return c.diloco_capture_dir
 
     @staticmethod
     def reduce_group(c, topo):
@@ -152,4 +171,5 @@ class DiLoCo(DiLoCoLoop):
         return DiLoCoSync(topo.dp_group, stats, c.diloco_inner_steps, c.diloco_outer_lr,
                           c.diloco_outer_momentum, exchange, c.diloco_fragments,
                           c.diloco_sync_delay, reduce_group=group,
-                          error_decay=c.diloco_error_decay)
+                          error_decay=c.diloco_error_decay,
+                          capture_dir=DiLoCoLoop.capture_dir(c))

@@ -62,4 +62,5 @@ class SparseLoCo(DiLoCoLoop):
         return SparseLoCoSync(topo.dp_group, stats, codec, c.diloco_inner_steps,
                               c.sparseloco_outer_lr, c.sparseloco_error_decay, c.diloco_fragments,
                               c.diloco_sync_delay, reduce_group=DiLoCoLoop.reduce_group(c, topo),
-                              outer_momentum=c.sparseloco_outer_momentum)
+                              outer_momentum=c.sparseloco_outer_momentum,
+                              capture_dir=DiLoCoLoop.capture_dir(c))

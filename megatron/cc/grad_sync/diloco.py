@@ -43,6 +43,7 @@ from megatron.cc.background import BackgroundCall
 from megatron.cc.grad_sync.channel import SyncChannel
 from megatron.cc.grad_sync.param_sync import (clone_state, copy_flat_, flatten, param_segments,
                                               to_device)
+from megatron.cc.grad_sync.pseudo_grad_capture import save_pseudo_gradient
 from megatron.cc.stats import ChannelStats
 
 
@@ -74,12 +75,14 @@ class DiLoCoSync(SyncChannel):
         fragments: F (--diloco-fragments), 1 <= F, H % F == 0.
         error_decay: beta, the residual's weight when added to the next pseudo-gradient
             (1: plain error feedback; SparseLoCo decays it).
+        capture_dir: write each pseudo-gradient there at its sync (pseudo_grad_capture.py;
+            --diloco-capture-dir), or None.
     """
 
     def __init__(self, group, stats: ChannelStats, inner_steps: int = 100,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, exchange=None,
                  fragments: int = 1, sync_delay: int = 0, reduce_group=None,
-                 error_decay: float = 1.0):
+                 error_decay: float = 1.0, capture_dir=None):
         if inner_steps < 1 or fragments < 1 or inner_steps % fragments:
             raise ValueError(f"need inner_steps >= 1 divisible by fragments >= 1, got "
                              f"{inner_steps}, {fragments}")
@@ -90,7 +93,7 @@ class DiLoCoSync(SyncChannel):
         self.reduce_group = reduce_group if reduce_group is not None else group
         self.world = dist.get_world_size(group)
         self.lr, self.mu, self.exchange = outer_lr, outer_momentum, exchange
-        self.tau, self.decay = sync_delay, error_decay
+        self.tau, self.decay, self.capture_dir = sync_delay, error_decay, capture_dir
         self.global_copy: Optional[List[torch.Tensor]] = None   # theta_g per fragment
         self.momentum: List[Optional[torch.Tensor]] = [None] * fragments
         self.residual: List[Optional[torch.Tensor]] = [None] * fragments
@@ -154,6 +157,9 @@ class DiLoCoSync(SyncChannel):
     def _reduce(self, job: dict) -> None:
         """Mean pseudo-gradient of job's fragment (may run on a background thread)."""
         f, delta = job["f"], job.pop("delta")
+        if self.capture_dir:
+            save_pseudo_gradient(self.capture_dir, delta, job["shapes"], job["iteration"] + 1, f,
+                                 dist.get_rank(), dist.get_rank(self.group), self.world)
         if self.exchange is None:
             dist.all_reduce(delta, group=self.reduce_group)
             delta /= self.world
