@@ -152,7 +152,8 @@ class DiLoCo(DiLoCoLoop):
         if not 0.0 <= c.diloco_error_decay <= 1.0:
             raise ConfigError(f"--diloco-error-decay must be in [0, 1], got "
                               f"{c.diloco_error_decay}")
-        if c.diloco_error_decay != 1.0 and (name == "none" or rank):
+        # only under this mode: with another, the flag itself is the mistake (validate_dp_mode)
+        if c.dp_mode == "diloco" and c.diloco_error_decay != 1.0 and (name == "none" or rank):
             raise ConfigError(f"--diloco-error-decay {c.diloco_error_decay} weighs the residuals "
                               f"of a flat codec (fp16, int8, fixpoint-<bits>, cocktail); "
                               f"--diloco-compression {name} keeps none of its own: drop the flag")
