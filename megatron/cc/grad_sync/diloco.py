@@ -165,7 +165,7 @@ class DiLoCoSync(SyncChannel):
             delta /= self.world
             job["sent"] = delta.numel() * delta.element_size()
         else:
-            if self.residual[f] is not None:   # alpha 1: bit-identical to a plain add
+            if self.residual[f] is not None and self.decay:   # alpha 1: as a plain add
                 delta.add_(self.residual[f], alpha=self.decay)
             # the fragment's shapes: a per-parameter codec (low rank) cuts the vector up by them
             mean, dq, job["sent"] = self.exchange(delta, job["iteration"], key=str(f),
