@@ -54,6 +54,8 @@ Runs (dp=4, pp=1 unless the name says pp2):
   diloco-H75-fixpoint-2-noef-dpadam / -ef0.5, diloco-H50-fixpoint-1[-noef]-dpadam,
   diloco-H100-fixpoint-3-noef-dpadam   --diloco-error-decay 0 / 0.5 (1: plain error
                        feedback): x1129 / x1422 / x1024; diloco-H75-dpadam: exact, x75
+  diloco-H50-fixpoint-<4|3|2>[-noef|-ef0.5]-dpadam, diloco-H30-fixpoint-1-noef-dpadam
+                       the frontier at <= 2%: x388 / x512 / x753, x853
 
     python bench/bench_dp_modes.py [--iters 300] [--runs allreduce,cocktail] [--replot]
     python bench/bench_dp_modes.py --warm-start 300 --out bench/results/warm --runs ...
@@ -225,6 +227,15 @@ RUNS = {
     "diloco-H50-fixpoint-1-dpadam": diloco(50, "fixpoint-1") + DPADAM,                 # x1422
     "diloco-H50-fixpoint-1-noef-dpadam": diloco(50, "fixpoint-1") + NOEF + DPADAM,      # x1422
     "diloco-H100-fixpoint-3-noef-dpadam": diloco(100, "fixpoint-3") + NOEF + DPADAM,    # x1024
+    # the frontier at <= 2%: the drift of H = 50 is +1.92%; how few bits keep it there
+    "diloco-H50-fixpoint-4-noef-dpadam": diloco(50, "fixpoint-4") + NOEF + DPADAM,      # x388
+    "diloco-H50-fixpoint-3-dpadam": diloco(50, "fixpoint-3") + DPADAM,                 # x512
+    "diloco-H50-fixpoint-3-noef-dpadam": diloco(50, "fixpoint-3") + NOEF + DPADAM,      # x512
+    "diloco-H50-fixpoint-3-ef0.5-dpadam": diloco(50, "fixpoint-3") + EF_HALF + DPADAM,  # x512
+    "diloco-H50-fixpoint-2-dpadam": diloco(50, "fixpoint-2") + DPADAM,                 # x753
+    "diloco-H50-fixpoint-2-noef-dpadam": diloco(50, "fixpoint-2") + NOEF + DPADAM,      # x753
+    "diloco-H50-fixpoint-2-ef0.5-dpadam": diloco(50, "fixpoint-2") + EF_HALF + DPADAM,  # x753
+    "diloco-H30-fixpoint-1-noef-dpadam": diloco(30, "fixpoint-1") + NOEF + DPADAM,      # x853
 }
 
 

@@ -4,6 +4,7 @@
 # Usage, from the repository root: [ROUND=1|2] bench/gpu_dp_1000x.sh OUTDIR WARM ITERS BUDGET_S
 #   ROUND 1 (H100 session): low-rank and fixpoint DiLoCo at ~1000x, the exact H50 reference
 #   ROUND 2 (H200 session): error feedback across few syncs (--diloco-error-decay 0 / 0.5 / 1)
+#   ROUND 3 (same session): the frontier at <= 2%, fixpoint-4 / -3 / -2 at H = 50
 OUTD=$1; WARM=$2; ITERS=$3; BUDGET=$4
 W=/tmp/w27; rm -rf $W; mkdir -p $W/A $W/B $W/C $W/D
 export OMP_NUM_THREADS=1 MEGATRON_CC_CACHE=$PWD/.cache
@@ -19,6 +20,10 @@ case ${ROUND:-1} in
    B=diloco-H75-fixpoint-2-dpadam,diloco-H75-fixpoint-2-noef-dpadam,diloco-H75-fixpoint-2-ef0.5-dpadam
    C=diloco-H50-fixpoint-1-dpadam,diloco-H50-fixpoint-1-noef-dpadam,diloco-H100-fixpoint-3-noef-dpadam
    D=allreduce,diloco-H75-fixpoint-2-noef-dpadam,diloco-H50-fixpoint-1-noef-dpadam ;;
+3) A=allreduce,diloco-H50-fixpoint-3-noef-dpadam,diloco-H50-fixpoint-2-noef-dpadam
+   B=diloco-H50-fixpoint-4-noef-dpadam,diloco-H50-fixpoint-3-dpadam,diloco-H50-fixpoint-2-dpadam
+   C=diloco-H50-fixpoint-2-ef0.5-dpadam,diloco-H50-fixpoint-3-ef0.5-dpadam,diloco-H30-fixpoint-1-noef-dpadam
+   D=allreduce,diloco-H50-fixpoint-3-noef-dpadam,diloco-H50-fixpoint-2-noef-dpadam ;;
 esac
 t0=$(date +%s)
 timeout $BUDGET $PY bench/bench_dp_modes.py $COMMON "$EX" --out $W/A --port 29710 \
