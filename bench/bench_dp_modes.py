@@ -228,6 +228,7 @@ RUNS = {
     "diloco-H50-fixpoint-1-noef-dpadam": diloco(50, "fixpoint-1") + NOEF + DPADAM,      # x1422
     "diloco-H100-fixpoint-3-noef-dpadam": diloco(100, "fixpoint-3") + NOEF + DPADAM,    # x1024
     # the frontier at <= 2%: the drift of H = 50 is +1.92%; how few bits keep it there
+    "diloco-H50-fixpoint-4-dpadam": diloco(50, "fixpoint-4") + DPADAM,                 # x388
     "diloco-H50-fixpoint-4-noef-dpadam": diloco(50, "fixpoint-4") + NOEF + DPADAM,      # x388
     "diloco-H50-fixpoint-3-dpadam": diloco(50, "fixpoint-3") + DPADAM,                 # x512
     "diloco-H50-fixpoint-3-noef-dpadam": diloco(50, "fixpoint-3") + NOEF + DPADAM,      # x512

@@ -82,6 +82,10 @@ def load(directory: str, iteration: int):
         raise SystemExit(f"--capture {directory}: no iter{iteration:07d}_frag0_rank*.pt files; "
                          f"write them with --diloco-capture-dir")
     recs = [torch.load(p) for p in paths]
+    if len({tuple(map(tuple, r["shapes"])) for r in recs}) > 1 or len(recs) != recs[0]["dp_world"]:
+        raise SystemExit(f"--capture {directory}: iteration {iteration} has {len(recs)} files of "
+                         f"different stages or not one per replica (dp {recs[0]['dp_world']}); "
+                         f"capture a run with pipeline parallel size 1")
     recs.sort(key=lambda r: r["dp_rank"])
     return [r["delta"].float() for r in recs]
 
@@ -104,7 +108,8 @@ def measure(deltas, inner_steps: int):
     top = {f: float(energy[max(int(f * n), 1) - 1] / energy[-1]) for f in (0.01, 0.1, 0.2)}
     cos = [float(deltas[0] @ d / deltas[0].norm() / d.norm()) for d in deltas[1:]]
     return rows, {"numel": n, "replicas": D, "energy_top": top, "cos_replica0": cos,
-                  "norm_replica": [float(d.norm()) for d in deltas], "norm_mean": float(mean.norm())}
+                  "norm_replica": [float(d.norm()) for d in deltas],
+                  "norm_mean": float(mean.norm())}
 
 
 def table(rows, info, a) -> str:

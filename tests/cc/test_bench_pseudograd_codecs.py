@@ -48,3 +48,11 @@ def test_errors_fall_with_bits_and_the_mean_averages_noise(measured):
 def test_a_directory_without_captures_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="--diloco-capture-dir"):
         pg.load(str(tmp_path), 50)
+
+
+def test_captures_of_several_stages_are_refused(tmp_path):
+    from megatron.cc.grad_sync.pseudo_grad_capture import save_pseudo_gradient
+    for rank, shapes in ((0, [(4,)]), (1, [(2, 2)])):   # two stages, dp 1 each
+        save_pseudo_gradient(str(tmp_path), torch.ones(4), shapes, 50, 0, rank, 0, 1)
+    with pytest.raises(SystemExit, match="pipeline parallel size 1"):
+        pg.load(str(tmp_path), 50)
