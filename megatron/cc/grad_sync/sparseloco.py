@@ -27,8 +27,9 @@ m = ceil(n / C) chunks, i = ceil(log2 C) index bits (12 for C = 4096):
     raw     = 4 n H                                      the fp32 gradient all-reduce of
                                                          every inner step since the last sync
 
-The demo model (bench_dp_modes.py: n = 5.34M = 1304 chunks, D = 4, H = 15): P = 1304 x
-(96 + 16 + 2) = 148,656 B, counted 297,312 B per sync, raw / counted = x1078.
+The demo model (bench_dp_modes.py: n = 1,334,016 per replica = 326 chunks, D = 4, H = 15):
+P = 326 x (96 + 16 + 2) = 37,164 B, counted 74,328 B per sync and replica (the log line sums
+the D replicas: 297,312 B), raw / counted = x1077 (x1076.9 logged).
 
 State (checkpoint): diloco.py's (theta_g and the error buffer e_i per fragment; no momentum)
 and the codec's stochastic-rounding generator.
