@@ -39,7 +39,9 @@ from bench_dp_modes import DEMO, batch_flags, warm_checkpoint  # noqa: E402
 from runlog import run_pretrain  # noqa: E402
 
 from megatron.cc.compress.chunk_topk import ChunkTopKCodec  # noqa: E402
+from megatron.cc.dp_modes.cocktail_sgd import sharded_exchange_bytes  # noqa: E402
 from megatron.cc.grad_sync.flat_codecs import make_flat_codec  # noqa: E402
+from megatron.cc.grad_sync.sparseloco import sync_bytes as gather_bytes  # noqa: E402
 from megatron.training.checkpointing import atomic_write_text  # noqa: E402
 
 DP = 4
@@ -100,9 +102,10 @@ def measure(deltas, inner_steps: int):
         dq = [codec.decompress(codec.compress(d, 0), n, 0) for d in deltas]
         rep = sum(float((q - d).pow(2).sum() / d.pow(2).sum()) for q, d in zip(dq, deltas)) / D
         mse_mean = float((sum(dq) / D - mean).pow(2).sum() / mean.pow(2).sum())
-        counted = bits if exchange == "sharded" else bits * D / 2
+        # what the dp channel logs for one sync: the exchanges' own byte formulas
+        counted = (sharded_exchange_bytes if exchange == "sharded" else gather_bytes)(n, D, codec)
         rows.append({"codec": name, "exchange": exchange, "bits": bits,
-                     "ratio": 32 * inner_steps / counted, "rel_mse_replica": rep,
+                     "ratio": 4 * n * inner_steps / counted, "rel_mse_replica": rep,
                      "rel_mse_mean": mse_mean, "gaussian_limit": 2.0 ** (-2 * bits)})
     energy = mean.pow(2).sort(descending=True).values.cumsum(0)
     top = {f: float(energy[max(int(f * n), 1) - 1] / energy[-1]) for f in (0.01, 0.1, 0.2)}
