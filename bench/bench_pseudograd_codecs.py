@@ -8,9 +8,10 @@ DiLoCo from the warm start, and --diloco-capture-dir writes each replica's pseud
 A finished capture can be passed back with --capture. For each codec it then reports:
 
     bits/value   the payload's bits per value (flat_spec: codes, scales and indices)
-    dp ratio     what a DiLoCo run at H logs for it: 32 H / bits through the sharded exchange
-                 (flat codecs: both phases, halved); 32 H / (bits D / 2) through the
-                 all-gather (SparseLoCo's chunked top-k)
+    dp ratio     what a DiLoCo run at H logs for it: 4 n H over the exchange's count of one
+                 sync, the sharded exchange's for flat codecs (both phases, halved: about
+                 32 H / bits) and the all-gather's for SparseLoCo's chunked top-k (D / 2
+                 payloads)
     rel. MSE, replica    |C(d_i) - d_i|^2 / |d_i|^2, averaged over the replicas
     rel. MSE, mean       |mean_i C(d_i) - mean_i d_i|^2 / |mean_i d_i|^2: the error of the
                          outer step, one compression stage (the sharded exchange compresses
