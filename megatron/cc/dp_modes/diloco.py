@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from megatron.cc.config_fields import ConfigError, flag
 from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode, segment_specs
 from megatron.cc.dp_modes.cocktail_sgd import flat_codec, sharded_exchange, sharded_exchange_bytes
-from megatron.cc.grad_sync.diloco import DiLoCoSync, split_fragments
+from megatron.cc.grad_sync.diloco import DiLoCoSync, shortest_window, split_fragments
 from megatron.cc.grad_sync.flat_codecs import parse_fixpoint_bits
 from megatron.cc.grad_sync.lowrank_exchange import (PowerSGDExchange, parse_powersgd_rank,
                                                     sync_bytes as lowrank_bytes)
@@ -29,6 +29,12 @@ class DiLoCoLoop(DpMode):
         0, "diloco, sparseloco: overlap a fragment's outer exchange with this many following "
            "inner steps (background thread); the update is applied then, keeping the local "
            "progress of those steps. Must be < H/F.")
+
+    diloco_sync_steps: str = flag(
+        "", "diloco, sparseloco: sync after these inner steps (comma-separated, increasing; "
+            "e.g. 30,55,85,125,180,300: short windows while the learning rate is high), then "
+            "every --diloco-inner-steps after the last. Needs --diloco-fragments 1 and "
+            "--diloco-sync-delay below the shortest window. Empty: every H steps.")
 
     diloco_capture_dir: str = flag(
         "", "diloco, sparseloco: write every replica's pseudo-gradient at every sync (fp32, "
@@ -49,6 +55,30 @@ class DiLoCoLoop(DpMode):
             raise ConfigError(f"--diloco-sync-delay {c.diloco_sync_delay} must be >= 0 and "
                               f"smaller than --diloco-inner-steps / --diloco-fragments "
                               f"({c.diloco_inner_steps // c.diloco_fragments})")
+        steps = DiLoCoLoop.sync_steps(c)
+        if steps and c.diloco_fragments != 1:
+            raise ConfigError(f"--diloco-sync-steps schedules one fragment; drop it or set "
+                              f"--diloco-fragments 1 (got {c.diloco_fragments})")
+        if steps and c.diloco_sync_delay >= shortest_window(steps):
+            raise ConfigError(f"--diloco-sync-delay {c.diloco_sync_delay} must be smaller than "
+                              f"the shortest window of --diloco-sync-steps "
+                              f"({shortest_window(steps)} steps)")
+
+    @staticmethod
+    def sync_steps(c) -> tuple:
+        """--diloco-sync-steps as a tuple of increasing ints >= 1 (empty: every H)."""
+        text = c.diloco_sync_steps.strip()
+        if not text:
+            return ()
+        try:
+            steps = tuple(int(s) for s in text.split(","))
+        except ValueError:
+            raise ConfigError(f"--diloco-sync-steps {text!r}: give inner steps as integers "
+                              f"separated by commas, e.g. 30,55,85") from None
+        if steps[0] < 1 or any(b <= a for a, b in zip(steps, steps[1:])):
+            raise ConfigError(f"--diloco-sync-steps {text!r}: the steps must be >= 1 and "
+                              f"strictly increasing")
+        return steps
 
     @classmethod
     def stage_bytes(cls, c, params, layout, stage, iteration):
@@ -56,19 +86,22 @@ class DiLoCoLoop(DpMode):
         (counted tau steps after their sync), or the H-period average when iteration is None;
         fragments from diloco.py's own `split_fragments`."""
         H, F, tau = c.diloco_inner_steps, c.diloco_fragments, c.diloco_sync_delay
+        steps = DiLoCoLoop.sync_steps(c)
         # split_fragments asks numel() of a parameter; a ParamSpec has it as a property
         segments = {k: [SimpleNamespace(numel=lambda n=p.numel: n, shape=tuple(p.shape))
                         for p in v] for k, v in segment_specs(params).items()}
         shapes = [[p.shape for p in f] for f in split_fragments(segments, F)]
         sizes = [sum(math.prod(s) for s in f) for f in shapes]
-        if iteration is None:
-            counted, scale = range(F), 1.0 / H
+        sched = SimpleNamespace(F=F, H=H, sync_steps=steps)
+        if iteration is None:   # a schedule: its mean window stands for H
+            counted, window = range(F), (steps[-1] / len(steps) if steps else H)
+            scale = 1.0 / window
         else:
             step = iteration + 1 - tau   # the sync step whose bytes are counted now
-            counted = DiLoCoSync.due(SimpleNamespace(F=F, H=H), step) if step > 0 else []
-            scale = 1
+            counted = DiLoCoSync.due(sched, step) if step > 0 else []
+            window, scale = (DiLoCoSync.window(sched, step) if counted else H), 1
         sent = sum(cls.fragment_bytes(c, shapes[f], layout.dp) for f in counted) * scale
-        raw = sum(GRAD_BYTES * sizes[f] * H for f in counted) * scale
+        raw = sum(GRAD_BYTES * sizes[f] * window for f in counted) * scale
         return {"sent": sent, "raw": raw, "messages": len(counted) * scale}
 
     @staticmethod
@@ -173,4 +206,5 @@ class DiLoCo(DiLoCoLoop):
                           c.diloco_outer_momentum, exchange, c.diloco_fragments,
                           c.diloco_sync_delay, reduce_group=group,
                           error_decay=c.diloco_error_decay,
-                          capture_dir=DiLoCoLoop.capture_dir(c))
+                          capture_dir=DiLoCoLoop.capture_dir(c),
+                          sync_steps=DiLoCoLoop.sync_steps(c))

@@ -63,4 +63,5 @@ class SparseLoCo(DiLoCoLoop):
                               c.sparseloco_outer_lr, c.sparseloco_error_decay, c.diloco_fragments,
                               c.diloco_sync_delay, reduce_group=DiLoCoLoop.reduce_group(c, topo),
                               outer_momentum=c.sparseloco_outer_momentum,
-                              capture_dir=DiLoCoLoop.capture_dir(c))
+                              capture_dir=DiLoCoLoop.capture_dir(c),
+                              sync_steps=DiLoCoLoop.sync_steps(c))

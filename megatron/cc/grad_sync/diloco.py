@@ -27,6 +27,10 @@ Bytes: counted when a sync happens (the log line averages them over its iteratio
 what the gradient all-reduce of every inner step since the fragment's last sync would cost.
 State (checkpoint): theta_g, momentum and codec residual per fragment, exchange state.
 
+Sync schedule (--diloco-sync-steps, F = 1): the replicas sync after each listed inner step,
+then every H steps after the last one; a sync's raw bytes count the steps since the one before
+(its window), so windows of any length compare with the all-reduce of the same steps.
+
 The residual is added with weight beta (e_i <- beta e_i + Delta_i before the codec):
 --diloco-error-decay, 1 by default (0: no error feedback; the sharded exchange weighs its
 owners' server errors alike). SparseLoCo (--dp-mode sparseloco, sparseloco.py) is this class
@@ -47,6 +51,11 @@ from megatron.cc.grad_sync.pseudo_grad_capture import save_pseudo_gradient
 from megatron.cc.stats import ChannelStats
 
 
+def shortest_window(sync_steps) -> int:
+    """The fewest inner steps between two syncs of a schedule (from step 0)."""
+    return min(b - a for a, b in zip((0,) + tuple(sync_steps), sync_steps))
+
+
 def split_fragments(segments: Dict[str, List[torch.Tensor]], fragments: int) -> List[List]:
     """F lists of parameters of about equal size, in model order; the embedding in the first."""
     emb = segments.get("embedding", [])
@@ -59,6 +68,22 @@ def split_fragments(segments: Dict[str, List[torch.Tensor]], fragments: int) -> 
         out[f].append(p)
         filled += p.numel()
     return out
+
+
+def scheduled(step: int, H: int, sync_steps=()) -> bool:
+    """Whether an unfragmented run syncs after inner step `step` (1-based): every H steps, or
+    at each of `sync_steps` (increasing) and every H steps after the last of them."""
+    if sync_steps and step <= sync_steps[-1]:
+        return step in sync_steps
+    return (step - (sync_steps[-1] if sync_steps else 0)) % H == 0
+
+
+def previous_sync(step: int, H: int, sync_steps=()) -> int:
+    """The last sync step before `step` under `scheduled` (0: the start)."""
+    if sync_steps and step <= sync_steps[-1]:
+        return max((s for s in sync_steps if s < step), default=0)
+    last = sync_steps[-1] if sync_steps else 0
+    return last + (step - 1 - last) // H * H
 
 
 class DiLoCoSync(SyncChannel):
@@ -77,17 +102,26 @@ class DiLoCoSync(SyncChannel):
             (1: plain error feedback; SparseLoCo decays it).
         capture_dir: write each pseudo-gradient there at its sync (pseudo_grad_capture.py;
             --diloco-capture-dir), or None.
+        sync_steps: increasing inner steps to sync after, then every H (--diloco-sync-steps;
+            F = 1, sync_delay below the shortest window); () syncs every H.
     """
 
     def __init__(self, group, stats: ChannelStats, inner_steps: int = 100,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, exchange=None,
                  fragments: int = 1, sync_delay: int = 0, reduce_group=None,
-                 error_decay: float = 1.0, capture_dir=None):
+                 error_decay: float = 1.0, capture_dir=None, sync_steps=()):
         if inner_steps < 1 or fragments < 1 or inner_steps % fragments:
             raise ValueError(f"need inner_steps >= 1 divisible by fragments >= 1, got "
                              f"{inner_steps}, {fragments}")
         if not 0 <= sync_delay < inner_steps // fragments:
             raise ValueError(f"sync_delay must be in [0, H/F), got {sync_delay}")
+        self.sync_steps = tuple(sync_steps)
+        if self.sync_steps and (fragments > 1 or sync_delay >= shortest_window(self.sync_steps)
+                                or list(self.sync_steps) != sorted(set(self.sync_steps))
+                                or self.sync_steps[0] < 1):
+            raise ValueError(f"sync_steps must increase from >= 1, with one fragment and "
+                             f"sync_delay below the shortest window, got {self.sync_steps}, "
+                             f"F {fragments}, delay {sync_delay}")
         self.group, self.stats, self.H, self.F = group, stats, inner_steps, fragments
         # the background reduce needs a group no other thread uses (see groups.clone_groups)
         self.reduce_group = reduce_group if reduce_group is not None else group
@@ -118,6 +152,8 @@ class DiLoCoSync(SyncChannel):
 
     def due(self, step: int) -> List[int]:
         """Fragments that sync after inner step `step` (1-based)."""
+        if self.sync_steps:
+            return [0] if scheduled(step, self.H, self.sync_steps) else []
         out = []
         for f in range(self.F):
             s = step - f * self.H // self.F
@@ -140,7 +176,8 @@ class DiLoCoSync(SyncChannel):
             snapshot = flatten(frags[f])
             job = {"f": f, "snapshot": snapshot, "apply_at": step + self.tau,
                    "delta": self.global_copy[f] - snapshot.to(self.global_copy[f].device),
-                   "iteration": iteration, "shapes": [tuple(p.shape) for p in frags[f]]}
+                   "iteration": iteration, "shapes": [tuple(p.shape) for p in frags[f]],
+                   "window": self.window(step)}
             if self.tau == 0:
                 self._reduce(job)
                 self._apply(job, frags[job["f"]])
@@ -148,6 +185,13 @@ class DiLoCoSync(SyncChannel):
                 self._inflight = job
                 self._call = BackgroundCall("DiLoCo outer reduce failed", self._reduce, job)
         self.stats.observe("dp wait ms", (time.perf_counter() - t0) * 1000)
+
+    def window(self, step: int) -> int:
+        """Inner steps since the previous sync of a fragment due at `step`: H, or what the
+        schedule leaves."""
+        if self.sync_steps:
+            return step - previous_sync(step, self.H, self.sync_steps)
+        return self.H
 
     def flush(self, model) -> None:
         if self._inflight is not None:
@@ -199,7 +243,7 @@ class DiLoCoSync(SyncChannel):
         else:
             copy_flat_(params, g.to(params[0].device))
         # raw: an fp32 gradient all-reduce for every inner step since this fragment's last sync
-        self.stats.add("dp", job["sent"], g.numel() * 4 * self.H)
+        self.stats.add("dp", job["sent"], g.numel() * 4 * job.get("window", self.H))
 
     # ---------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict:

@@ -63,18 +63,18 @@ class SparseLoCoSync(DiLoCoSync):
         outer_momentum: Nesterov momentum over the decoded mean (--sparseloco-outer-momentum;
             0, the paper's, by default).
         error_decay: beta (--sparseloco-error-decay), in [0, 1].
-        capture_dir: as DiLoCoSync's (--diloco-capture-dir).
+        capture_dir, sync_steps: as DiLoCoSync's (--diloco-capture-dir, -sync-steps).
     """
 
     def __init__(self, group, stats: ChannelStats, codec: ChunkTopKCodec, inner_steps: int = 15,
                  outer_lr: float = 1.0, error_decay: float = 0.95, fragments: int = 1,
                  sync_delay: int = 0, reduce_group=None, outer_momentum: float = 0.0,
-                 capture_dir=None):
+                 capture_dir=None, sync_steps=()):
         if not 0.0 <= error_decay <= 1.0:
             raise ValueError(f"error_decay must be in [0, 1], got {error_decay}")
         exchange = GatherExchange(reduce_group if reduce_group is not None else group, codec)
         super().__init__(group, stats, inner_steps, outer_lr, outer_momentum, exchange, fragments,
-                         sync_delay, reduce_group, error_decay, capture_dir)
+                         sync_delay, reduce_group, error_decay, capture_dir, sync_steps)
         self.codec = codec
 
     def __call__(self, model, iteration: int) -> None:

@@ -163,6 +163,49 @@ def test_diloco(fake_collectives, compression, fragments, delay):
                                sync_delay=delay), c, H)
 
 
+@pytest.mark.parametrize("compression,delay", [("none", 0), ("fixpoint-2", 1)])
+def test_diloco_sync_schedule(fake_collectives, compression, delay):
+    """--diloco-sync-steps 2,5,7 with H 4: syncs after steps 2, 5, 7, 11, 15; each counts the
+    all-reduce of its window (2, 3, 2, 4, 4 steps) as raw, tau steps later; the planner's
+    per-iteration bytes are the logged ones, and its average is one sync per mean window."""
+    from megatron.cc.grad_sync.diloco import DiLoCoSync
+    from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
+    from megatron.cc.dp_modes.cocktail_sgd import flat_codec
+    H, steps = 4, (2, 5, 7)
+    c = CompressionConfig(dp_mode="diloco", diloco_inner_steps=H, diloco_compression=compression,
+                          diloco_sync_delay=delay, diloco_sync_steps="2,5,7")
+    ex = None if compression == "none" else ShardedExchange(
+        None, flat_codec(c, compression), flat_codec(c, compression))
+    sync = DiLoCoSync(None, ChannelStats(), H, exchange=ex, sync_delay=delay, sync_steps=steps)
+    model = _stage(2, 0)
+    n = sum(p.numel() for p in model.parameters())
+    windows = {}
+    for it in range(16):
+        sync.stats.reset()
+        _run_mode(sync, model, [it])
+        got = sync.stats.snapshot().get("dp", {"sent": 0, "raw": 0})
+        want = _predicted(c, 2, 0, iteration=it)
+        assert (got["sent"], got["raw"]) == (want["sent"], want["raw"]), it
+        if got["raw"]:
+            windows[it + 1 - delay] = got["raw"] // (4 * n)
+    assert windows == {2: 2, 5: 3, 7: 2, 11: 4, 15: 4}
+    avg = _predicted(c, 2, 0)
+    assert avg["sent"] * 7 / 3 == pytest.approx(_predicted(c, 2, 0, iteration=1 + delay)["sent"])
+    assert avg["raw"] == pytest.approx(4 * n)
+
+
+def test_sync_schedule_functions():
+    """An empty schedule is every H (the old rule); a schedule, then every H after it."""
+    from megatron.cc.grad_sync.diloco import previous_sync, scheduled, shortest_window
+    for step in range(1, 40):
+        assert scheduled(step, 5) == (step % 5 == 0)
+        assert previous_sync(step, 5) == (step - 1) // 5 * 5
+    assert [s for s in range(1, 30) if scheduled(s, 10, (3, 4, 12))] == [3, 4, 12, 22]
+    assert [previous_sync(s, 10, (3, 4, 12)) for s in (1, 3, 4, 5, 12, 13, 22, 23)] == \
+        [0, 0, 3, 4, 4, 12, 12, 22]
+    assert shortest_window((3, 4, 12)) == 1 and shortest_window((6,)) == 6
+
+
 def test_diloco_powersgd_formula():
     """The planner's low-rank bytes are the docstring's formula, by hand: 4 r (n + m) per
     matrix worth compressing, 4 per exactly sent value (vectors, small matrices)."""
