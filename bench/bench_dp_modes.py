@@ -253,6 +253,7 @@ RUNS = {
     "diloco-Q4-fixpoint-2-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4 + DPADAM,         # x1129
     "diloco-Q3-fixpoint-3-dpadam": diloco(100, "fixpoint-3") + SYNC_Q3 + DPADAM,        # x1024
     "diloco-Q8-fixpoint-1-noef-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + NOEF + DPADAM,
+    "diloco-Q6-fixpoint-1-noef-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF + DPADAM,
 }
 
 
