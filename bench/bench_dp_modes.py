@@ -124,13 +124,11 @@ NOEF = ["--diloco-error-decay", "0"]
 EF_HALF = ["--diloco-error-decay", "0.5"]
 
 
-def sync_at(*steps: int):
-    return ["--diloco-sync-steps", ",".join(str(s) for s in steps)]
-
-
-SYNC_Q3, SYNC_Q4 = sync_at(54, 103, 300), sync_at(44, 77, 120, 300)
-SYNC_Q6 = sync_at(33, 54, 77, 103, 140, 300)
-SYNC_Q8 = sync_at(28, 44, 60, 77, 96, 120, 153, 300)
+# K syncs at windows of equal sum of lr^2 under the run's own schedule (the quadratic
+# synchronisation rule); at 300 iterations: lr2:3 55,104,300; lr2:4 44,77,120,300;
+# lr2:6 34,55,77,104,140,300; lr2:8 29,44,60,77,97,120,153,300
+SYNC_Q3, SYNC_Q4 = ["--diloco-sync-steps", "lr2:3"], ["--diloco-sync-steps", "lr2:4"]
+SYNC_Q6, SYNC_Q8 = ["--diloco-sync-steps", "lr2:6"], ["--diloco-sync-steps", "lr2:8"]
 
 
 def diloco_psgd(h: int, rank: int):
@@ -246,8 +244,8 @@ RUNS = {
     "diloco-H50-fixpoint-2-noef-dpadam": diloco(50, "fixpoint-2") + NOEF + DPADAM,      # x753
     "diloco-H50-fixpoint-2-ef0.5-dpadam": diloco(50, "fixpoint-2") + EF_HALF + DPADAM,  # x753
     "diloco-H30-fixpoint-1-noef-dpadam": diloco(30, "fixpoint-1") + NOEF + DPADAM,      # x853
-    # syncs where the learning rate is high (QSR-like, Gu et al. 2024): K windows of equal
-    # sum of lr^2 under the runs' schedule (warm-up 20, cosine 1e-3 -> 1e-4 over 300)
+    # syncs where the learning rate is high (the quadratic synchronisation rule, Gu et al.
+    # 2024): K windows of equal sum of lr^2 under the runs' schedule (SYNC_Q*)
     "diloco-Q6-dpadam": diloco(50) + SYNC_Q6 + DPADAM,                                  # x50
     "diloco-Q4-dpadam": diloco(75) + SYNC_Q4 + DPADAM,                                  # x75
     "diloco-Q4-fixpoint-2-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4 + DPADAM,         # x1129

@@ -514,6 +514,7 @@ def validate_args(args: Args) -> None:
     args.data.validate()
     from megatron.training import subspace
     subspace.validate(args)   # before the generic pipeline checks: names its own fixes
+    resolve_sync_rule(args)
     args.compression.validate(pp=args.pp, dp=args.dp, tp=args.tp)
     validate_auto_args(args)
     blend = (args.data.data_path and len(args.data.data_path) > 1) or \
@@ -540,6 +541,24 @@ def validate_args(args: Args) -> None:
         if not cuda_available():
             raise ConfigError("--fp16/--bf16 need GPUs; on CPU train in fp32 (drop the flag)")
     validate_gpu_args(args)
+
+
+def resolve_sync_rule(args: Args) -> None:
+    """--diloco-sync-steps lr<p>:<K> -> the K sync steps of equal sum of lr^p under this run's
+    learning-rate schedule (megatron-core's scheduler, as training steps it)."""
+    from megatron.cc.grad_sync.sync_schedule import equal_lr_windows, parse_rule
+    from megatron.training.lr_schedule import lr_per_iteration
+    c = args.compression
+    rule = parse_rule(c.diloco_sync_steps)
+    if rule is None:
+        return
+    power, syncs = rule
+    iters = args.training.train_iters
+    if not power > 0 or not 1 <= syncs <= iters:
+        raise ConfigError(f"--diloco-sync-steps {c.diloco_sync_steps}: give lr<p>:<K> with "
+                          f"p > 0 and 1 <= K <= --train-iters ({iters})")
+    lrs = lr_per_iteration(args, args.training.global_batch_size)
+    c.diloco_sync_steps = ",".join(str(s) for s in equal_lr_windows(lrs, power, syncs))
 
 
 def validate_sequence_parallel(args: Args) -> None:

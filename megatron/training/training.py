@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron.cc.grad_sync.replica_adam import use_replica_adam
 from megatron.training.channels import build_grad_sync, build_pipeline_channels
@@ -28,6 +27,7 @@ from megatron.cc.stats import ChannelStats
 from megatron.training import data as data_mod
 from megatron.training import comp_summary, subspace
 from megatron.training.batch_rampup import BatchRampup
+from megatron.training.lr_schedule import build_scheduler, sample_based
 from megatron.training.run_log import RunLog, run_dir
 from megatron.training.checkpointing import (
     RANK, SHARD, CheckpointManager, ModelState, OptimizerState, Progress, RngState,
@@ -221,20 +221,7 @@ class Trainer:
         optimizer = get_megatron_optimizer(opt_config, [self.model])
         if self.args.compression.dp_adam_correction:
             use_replica_adam(optimizer, self.args.dp)
-        decay_iters = a.lr_decay_iters or a.train_iters
-        warmup = (int(a.lr_warmup_fraction * decay_iters) if a.lr_warmup_fraction is not None
-                  else a.lr_warmup_iters)
-        c = self.args.compat
-        if c.train_samples is not None:   # Megatron's sample-based schedule, stepped by batch
-            decay_iters = c.lr_decay_samples or c.train_samples
-            warmup = (int(a.lr_warmup_fraction * decay_iters) if a.lr_warmup_fraction is not None
-                      else c.lr_warmup_samples)
-        scheduler = OptimizerParamScheduler(
-            optimizer, init_lr=0.0 if warmup else a.lr, max_lr=a.lr, min_lr=a.min_lr,
-            lr_warmup_steps=warmup, lr_decay_steps=decay_iters,
-            lr_decay_style=a.lr_decay_style, start_wd=a.weight_decay, end_wd=a.weight_decay,
-            wd_incr_steps=decay_iters, wd_incr_style="constant")
-        return optimizer, scheduler
+        return optimizer, build_scheduler(self.args, optimizer)
 
     def _build_datasets(self):
         a = self.args
@@ -308,8 +295,8 @@ class Trainer:
         self.skipped_iters += 0 if ok else 1  # fp16 overflow: megatron-core skipped the step
         self.grad_sync.after_optimizer_step(self.model, self.iteration)  # parameter-syncing dp modes
         # sample-based training (--train-samples) counts the schedule in samples
-        sample_based = self.args.compat.train_samples is not None
-        self.scheduler.step(increment=self.batches.global_batch_size if sample_based else 1)
+        self.scheduler.step(increment=self.batches.global_batch_size
+                            if sample_based(self.args) else 1)
         self.iteration += 1
         self.consumed_samples += self.batches.global_batch_size
         return {"lm loss": self._reduce_loss(step.losses), "grad norm": grad_norm or 0.0,

@@ -148,6 +148,8 @@ def test_resume_bit_exact_with_each_dp_mode(tiny_corpus, tmp_path):
       "diloco-sync-steps": "10,30"}, 2, "--diloco-sync-steps schedules one fragment"),
     ({"dp-mode": "diloco", "diloco-inner-steps": 10, "diloco-sync-delay": 3,
       "diloco-sync-steps": "5,8,20"}, 2, "shortest window of --diloco-sync-steps"),
+    ({"dp-mode": "diloco", "diloco-sync-steps": "lr0:4"}, 2, "give lr<p>:<K> with p > 0"),
+    ({"dp-mode": "diloco", "diloco-sync-steps": "lr2:6"}, 2, "1 <= K <= --train-iters"),
     ({"dp-mode": "diloco", "diloco-capture-dir": "pyproject.toml"}, 2,
      "--diloco-capture-dir pyproject.toml is a file"),
     ({"dp-mode": "diloco", "diloco-error-decay": 0.5}, 2,
@@ -184,6 +186,42 @@ def test_resume_bit_exact_with_each_dp_mode(tiny_corpus, tmp_path):
 def test_bad_dp_mode_flags_are_rejected(tiny_corpus, flags, world, needle):
     with pytest.raises(ConfigError, match=needle.replace("-", r"\-")):
         parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=world)
+
+
+@pytest.mark.parametrize("schedule,want", [
+    ({"lr-decay-style": "constant"}, "75,150,225,300"),        # a constant rate: every H
+    ({"lr-decay-style": "cosine", "min-lr": 1e-4, "lr-warmup-fraction": 0.0667},
+     "44,77,120,300"),                                         # bench_dp_modes' SYNC_Q4
+])
+def test_sync_rule_follows_the_learning_rate(tiny_corpus, schedule, want):
+    """--diloco-sync-steps lr2:4 becomes the steps of four windows of equal sum of lr^2 under
+    the run's own schedule (megatron-core's scheduler), before any check sees the flag."""
+    flags = {"dp-mode": "diloco", "diloco-sync-steps": "lr2:4", "train-iters": 300,
+             "global-batch-size": 8, "micro-batch-size": 1, **schedule}
+    args = parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=2)
+    assert args.compression.diloco_sync_steps == want
+
+
+def test_sync_rule_windows():
+    """Equal sums of lr^p; a window per step where the budget runs out; rule syntax."""
+    from megatron.cc.grad_sync.sync_schedule import equal_lr_windows, parse_rule
+    assert equal_lr_windows([1.0] * 12, 2, 4) == (3, 6, 9, 12)
+    assert equal_lr_windows([4.0, 1.0, 1.0, 1.0, 1.0], 1, 2) == (1, 5)  # half the sum at once
+    assert equal_lr_windows([1.0, 0.0, 0.0, 0.0], 2, 4) == (1, 2, 3, 4)  # one step each
+    lens = [b - a for a, b in zip((0, 34, 55, 77, 104, 140), (34, 55, 77, 104, 140, 300))]
+    assert lens[1:] == sorted(lens[1:])   # the bench's lr2:6: windows grow after the warm-up
+    assert parse_rule("lr2:6") == (2.0, 6) and parse_rule("lr1.5:3") == (1.5, 3)
+    assert parse_rule("33,54") is None and parse_rule("lr2") is None
+    with pytest.raises(ValueError):
+        equal_lr_windows([1.0] * 3, 2, 4)
+
+
+def test_unresolved_sync_rule_is_refused():
+    """CompressionConfig alone cannot know the schedule: it says where the rule is resolved."""
+    from megatron.cc.config import CompressionConfig
+    c = CompressionConfig(dp_mode="diloco", diloco_sync_steps="lr2:6")
+    with pytest.raises(ConfigError, match="parse_args"):
+        c.validate(pp=1, dp=2, tp=1)
 
 
 def _replica_average_worker(rank, world, corpus):

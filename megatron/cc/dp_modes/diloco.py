@@ -10,7 +10,8 @@ from types import SimpleNamespace
 from megatron.cc.config_fields import ConfigError, flag
 from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode, segment_specs
 from megatron.cc.dp_modes.cocktail_sgd import flat_codec, sharded_exchange, sharded_exchange_bytes
-from megatron.cc.grad_sync.diloco import DiLoCoSync, shortest_window, split_fragments
+from megatron.cc.grad_sync.diloco import DiLoCoSync, split_fragments
+from megatron.cc.grad_sync.sync_schedule import parse_rule, shortest_window
 from megatron.cc.grad_sync.flat_codecs import parse_fixpoint_bits
 from megatron.cc.grad_sync.lowrank_exchange import (PowerSGDExchange, parse_powersgd_rank,
                                                     sync_bytes as lowrank_bytes)
@@ -31,10 +32,13 @@ class DiLoCoLoop(DpMode):
            "progress of those steps. Must be < H/F.")
 
     diloco_sync_steps: str = flag(
-        "", "diloco, sparseloco: sync after these inner steps (comma-separated, increasing; "
-            "e.g. 30,55,85,125,180,300: short windows while the learning rate is high), then "
-            "every --diloco-inner-steps after the last. Needs --diloco-fragments 1 and "
-            "--diloco-sync-delay below the shortest window. Empty: every H steps.")
+        "", "diloco, sparseloco: sync after these inner steps (comma-separated, increasing, "
+            "e.g. 33,54,77,103,140,300), then every --diloco-inner-steps after the last; or "
+            "lr<p>:<K>, e.g. lr2:6: K syncs cutting the run into windows of equal sum of lr^p "
+            "under its own learning-rate schedule (short windows while the rate is high; "
+            "p = 2: equal drift of the replicas, the quadratic synchronisation rule). Needs "
+            "--diloco-fragments 1 and --diloco-sync-delay below the shortest window. Empty: "
+            "every H steps.")
 
     diloco_capture_dir: str = flag(
         "", "diloco, sparseloco: write every replica's pseudo-gradient at every sync (fp32, "
@@ -70,11 +74,16 @@ class DiLoCoLoop(DpMode):
         text = c.diloco_sync_steps.strip()
         if not text:
             return ()
+        if parse_rule(text):   # arguments.resolve_sync_rule turns it into steps first
+            raise ConfigError(f"--diloco-sync-steps {text}: a rule needs the run's learning-"
+                              f"rate schedule; parse the flags with megatron.training's "
+                              f"parse_args, which resolves it")
         try:
             steps = tuple(int(s) for s in text.split(","))
         except ValueError:
             raise ConfigError(f"--diloco-sync-steps {text!r}: give inner steps as integers "
-                              f"separated by commas, e.g. 30,55,85") from None
+                              f"separated by commas, e.g. 30,55,85, or a rule lr<p>:<K>, "
+                              f"e.g. lr2:6") from None
         if steps[0] < 1 or any(b <= a for a, b in zip(steps, steps[1:])):
             raise ConfigError(f"--diloco-sync-steps {text!r}: the steps must be >= 1 and "
                               f"strictly increasing")

@@ -48,12 +48,8 @@ from megatron.cc.grad_sync.channel import SyncChannel
 from megatron.cc.grad_sync.param_sync import (clone_state, copy_flat_, flatten, param_segments,
                                               to_device)
 from megatron.cc.grad_sync.pseudo_grad_capture import save_pseudo_gradient
+from megatron.cc.grad_sync.sync_schedule import previous_sync, scheduled, shortest_window
 from megatron.cc.stats import ChannelStats
-
-
-def shortest_window(sync_steps) -> int:
-    """The fewest inner steps between two syncs of a schedule (from step 0)."""
-    return min(b - a for a, b in zip((0,) + tuple(sync_steps), sync_steps))
 
 
 def split_fragments(segments: Dict[str, List[torch.Tensor]], fragments: int) -> List[List]:
@@ -68,22 +64,6 @@ def split_fragments(segments: Dict[str, List[torch.Tensor]], fragments: int) -> 
         out[f].append(p)
         filled += p.numel()
     return out
-
-
-def scheduled(step: int, H: int, sync_steps=()) -> bool:
-    """Whether an unfragmented run syncs after inner step `step` (1-based): every H steps, or
-    at each of `sync_steps` (increasing) and every H steps after the last of them."""
-    if sync_steps and step <= sync_steps[-1]:
-        return step in sync_steps
-    return (step - (sync_steps[-1] if sync_steps else 0)) % H == 0
-
-
-def previous_sync(step: int, H: int, sync_steps=()) -> int:
-    """The last sync step before `step` under `scheduled` (0: the start)."""
-    if sync_steps and step <= sync_steps[-1]:
-        return max((s for s in sync_steps if s < step), default=0)
-    last = sync_steps[-1] if sync_steps else 0
-    return last + (step - 1 - last) // H * H
 
 
 class DiLoCoSync(SyncChannel):

@@ -196,7 +196,7 @@ def test_diloco_sync_schedule(fake_collectives, compression, delay):
 
 def test_sync_schedule_functions():
     """An empty schedule is every H (the old rule); a schedule, then every H after it."""
-    from megatron.cc.grad_sync.diloco import previous_sync, scheduled, shortest_window
+    from megatron.cc.grad_sync.sync_schedule import previous_sync, scheduled, shortest_window
     for step in range(1, 40):
         assert scheduled(step, 5) == (step % 5 == 0)
         assert previous_sync(step, 5) == (step - 1) // 5 * 5
