@@ -129,6 +129,8 @@ EF_HALF = ["--diloco-error-decay", "0.5"]
 # lr2:6 34,55,77,104,140,300; lr2:8 29,44,60,77,97,120,153,300
 SYNC_Q3, SYNC_Q4 = ["--diloco-sync-steps", "lr2:3"], ["--diloco-sync-steps", "lr2:4"]
 SYNC_Q6, SYNC_Q8 = ["--diloco-sync-steps", "lr2:6"], ["--diloco-sync-steps", "lr2:8"]
+SYNC_Q5 = ["--diloco-sync-steps", "lr2:5"]
+LAST3, LAST4 = (["--diloco-final-compression", f"fixpoint-{b}"] for b in (3, 4))
 
 
 def diloco_psgd(h: int, rank: int):
@@ -252,6 +254,13 @@ RUNS = {
     "diloco-Q3-fixpoint-3-dpadam": diloco(100, "fixpoint-3") + SYNC_Q3 + DPADAM,        # x1024
     "diloco-Q8-fixpoint-1-noef-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + NOEF + DPADAM,
     "diloco-Q6-fixpoint-1-noef-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF + DPADAM,
+    # ... and the run's last sync, which nothing repays, at more bits (--diloco-final-compression)
+    "diloco-Q4-fixpoint-2-last3-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4 + LAST3   # x1010
+    + DPADAM,
+    "diloco-Q5-fixpoint-1-noef-last4-dpadam": diloco(60, "fixpoint-1") + SYNC_Q5 + NOEF + LAST4
+    + DPADAM,                                                                           # x1113
+    "diloco-Q3-fixpoint-2-last4-dpadam": diloco(100, "fixpoint-2") + SYNC_Q3 + LAST4  # x1146
+    + DPADAM,
 }
 
 

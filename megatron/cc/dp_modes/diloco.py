@@ -59,7 +59,8 @@ class DiLoCoLoop(DpMode):
             raise ConfigError(f"--diloco-sync-delay {c.diloco_sync_delay} must be >= 0 and "
                               f"smaller than --diloco-inner-steps / --diloco-fragments "
                               f"({c.diloco_inner_steps // c.diloco_fragments})")
-        steps = DiLoCoLoop.sync_steps(c)
+        # only under these modes: with another, the flag itself is the mistake
+        steps = DiLoCoLoop.sync_steps(c) if c.dp_mode in ("diloco", "sparseloco") else ()
         if steps and c.diloco_fragments != 1:
             raise ConfigError(f"--diloco-sync-steps schedules one fragment; drop it or set "
                               f"--diloco-fragments 1 (got {c.diloco_fragments})")
@@ -92,7 +93,8 @@ class DiLoCoLoop(DpMode):
     @classmethod
     def stage_bytes(cls, c, params, layout, stage, iteration):
         """Per fragment at its sync (`fragment_bytes`): the fragments due at `iteration`
-        (counted tau steps after their sync), or the H-period average when iteration is None;
+        (counted tau steps after their sync, raw over the sync's window), or the H-period
+        average when iteration is None (a --diloco-sync-steps schedule: its mean window);
         fragments from diloco.py's own `split_fragments`."""
         H, F, tau = c.diloco_inner_steps, c.diloco_fragments, c.diloco_sync_delay
         steps = DiLoCoLoop.sync_steps(c)
@@ -146,6 +148,11 @@ class DiLoCo(DiLoCoLoop):
                 "settings), powersgd-<rank> (e.g. powersgd-4: one warm-started PowerSGD "
                 "round per matrix, DiLoCoX's low-rank exchange; vectors exact in fp32). "
                 "Lossy codecs keep each replica's residual (error feedback).")
+    diloco_final_compression: str = flag(
+        "", "diloco: codec of the run's last sync (after --train-iters), whose error no later "
+            "sync repays and which the delivered model keeps: none (exact), fp16, int8, "
+            "fixpoint-<bits> or cocktail, with a flat --diloco-compression (none, fp16, int8, "
+            "fixpoint-<bits>, cocktail). Empty: --diloco-compression.")
     diloco_error_decay: float = flag(
         1.0, "diloco: beta, the weight of the codec's residuals (each replica's and each "
              "shard owner's) when added to the next sync, in [0, 1] (1: plain error feedback; "
@@ -191,6 +198,12 @@ class DiLoCo(DiLoCoLoop):
                 and (bits is None or not 1 <= bits <= 8):
             raise ConfigError(f"--diloco-compression {name!r}: expected none, fp16, int8, "
                               f"fixpoint-<bits 1..8>, cocktail or powersgd-<rank>")
+        final = c.diloco_final_compression
+        if c.dp_mode == "diloco" and final and (final not in ("none", "fp16", "int8", "cocktail")
+                      and not 1 <= (parse_fixpoint_bits(final) or 0) <= 8 or rank):
+            raise ConfigError(f"--diloco-final-compression {final!r}: expected none, fp16, int8, "
+                              f"fixpoint-<bits 1..8> or cocktail, with a flat "
+                              f"--diloco-compression (got {name})")
         if not 0.0 <= c.diloco_error_decay <= 1.0:
             raise ConfigError(f"--diloco-error-decay must be in [0, 1], got "
                               f"{c.diloco_error_decay}")
@@ -211,9 +224,14 @@ class DiLoCo(DiLoCoLoop):
         else:
             exchange = sharded_exchange(c, group, c.diloco_compression, run.seed,
                                         c.diloco_error_decay)
+        final = None
+        if c.diloco_final_compression:   # its own exchange: its own server errors and rng
+            final = (run.train_iters, None if c.diloco_final_compression == "none" else
+                     sharded_exchange(c, group, c.diloco_final_compression, run.seed,
+                                      c.diloco_error_decay))
         return DiLoCoSync(topo.dp_group, stats, c.diloco_inner_steps, c.diloco_outer_lr,
                           c.diloco_outer_momentum, exchange, c.diloco_fragments,
                           c.diloco_sync_delay, reduce_group=group,
                           error_decay=c.diloco_error_decay,
                           capture_dir=DiLoCoLoop.capture_dir(c),
-                          sync_steps=DiLoCoLoop.sync_steps(c))
+                          sync_steps=DiLoCoLoop.sync_steps(c), final=final)

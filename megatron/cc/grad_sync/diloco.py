@@ -84,12 +84,16 @@ class DiLoCoSync(SyncChannel):
             --diloco-capture-dir), or None.
         sync_steps: increasing inner steps to sync after, then every H (--diloco-sync-steps;
             F = 1, sync_delay below the shortest window); () syncs every H.
+        final: (step, exchange) for the sync after inner step `step`, the run's last
+            (--diloco-final-compression): that exchange instead (None: exact, with every
+            pending error repaid: the replica's residual and the owners' server errors);
+            None: every sync through `exchange`.
     """
 
     def __init__(self, group, stats: ChannelStats, inner_steps: int = 100,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, exchange=None,
                  fragments: int = 1, sync_delay: int = 0, reduce_group=None,
-                 error_decay: float = 1.0, capture_dir=None, sync_steps=()):
+                 error_decay: float = 1.0, capture_dir=None, sync_steps=(), final=None):
         if inner_steps < 1 or fragments < 1 or inner_steps % fragments:
             raise ValueError(f"need inner_steps >= 1 divisible by fragments >= 1, got "
                              f"{inner_steps}, {fragments}")
@@ -108,6 +112,7 @@ class DiLoCoSync(SyncChannel):
         self.world = dist.get_world_size(group)
         self.lr, self.mu, self.exchange = outer_lr, outer_momentum, exchange
         self.tau, self.decay, self.capture_dir = sync_delay, error_decay, capture_dir
+        self.final = final
         self.global_copy: Optional[List[torch.Tensor]] = None   # theta_g per fragment
         self.momentum: List[Optional[torch.Tensor]] = [None] * fragments
         self.residual: List[Optional[torch.Tensor]] = [None] * fragments
@@ -157,7 +162,7 @@ class DiLoCoSync(SyncChannel):
             job = {"f": f, "snapshot": snapshot, "apply_at": step + self.tau,
                    "delta": self.global_copy[f] - snapshot.to(self.global_copy[f].device),
                    "iteration": iteration, "shapes": [tuple(p.shape) for p in frags[f]],
-                   "window": self.window(step)}
+                   "window": self.window(step), "step": step}
             if self.tau == 0:
                 self._reduce(job)
                 self._apply(job, frags[job["f"]])
@@ -184,7 +189,18 @@ class DiLoCoSync(SyncChannel):
         if self.capture_dir:
             save_pseudo_gradient(self.capture_dir, delta, job["shapes"], job["iteration"] + 1, f,
                                  dist.get_rank(), dist.get_rank(self.group), self.world)
-        if self.exchange is None:
+        exchange = self.exchange
+        if self.final is not None and job.get("step") == self.final[0]:
+            exchange = self.final[1]
+            if exchange is None and self.decay:   # exact: every pending error repaid now
+                if self.residual[f] is not None:
+                    delta.add_(self.residual[f], alpha=self.decay)
+                    self.residual[f] = None
+                owed = getattr(self.exchange, "owed", None)   # the sharded exchange's
+                server = owed(delta.numel(), str(f)) if owed else None
+                if server is not None:
+                    delta.add_(server.to(delta.device), alpha=self.decay)
+        if exchange is None:
             dist.all_reduce(delta, group=self.reduce_group)
             delta /= self.world
             job["sent"] = delta.numel() * delta.element_size()
@@ -192,8 +208,8 @@ class DiLoCoSync(SyncChannel):
             if self.residual[f] is not None and self.decay:   # alpha 1: as a plain add
                 delta.add_(self.residual[f], alpha=self.decay)
             # the fragment's shapes: a per-parameter codec (low rank) cuts the vector up by them
-            mean, dq, job["sent"] = self.exchange(delta, job["iteration"], key=str(f),
-                                                  shapes=job["shapes"])
+            mean, dq, job["sent"] = exchange(delta, job["iteration"], key=str(f),
+                                             shapes=job["shapes"])
             if dq is not None:   # None: the codec keeps its residuals itself (PowerSGD's E)
                 self.residual[f] = delta - dq
             delta = mean

@@ -100,6 +100,19 @@ class ShardedExchange:
         counted = (send.numel() + D * mine_bytes.numel()) // 2
         return update, dq, counted
 
+    def owed(self, numel: int, key: str = ""):
+        """Takes this owner's server error for `key` out of the exchange, placed at its shard
+        of an n-vector and times D: summed over the replicas and divided by D, as an exact
+        all-reduce of the mean does, it adds every owner's error once (an exact final sync
+        repays it). None when there is none."""
+        err = self.server_error.pop(key, None)
+        if err is None:
+            return None
+        s = self.shard_size(numel)
+        out = torch.zeros(s * self.world, dtype=err.dtype, device=err.device)
+        out[self.rank * s:(self.rank + 1) * s] = err * self.world
+        return out[:numel]
+
     def to(self, device) -> "ShardedExchange":
         """Server errors onto `device` (loaded from a checkpoint, they sit on the CPU)."""
         self.server_error = {k: v.to(device) for k, v in self.server_error.items()}

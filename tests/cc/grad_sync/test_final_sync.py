@@ -1,0 +1,61 @@
+"""--diloco-final-compression none: the run's last sync is exact and repays every pending error.
+
+Two gloo ranks run DiLoCo (H = 2, outer lr 1, no momentum) through the sharded fixpoint-2
+exchange on a Linear whose weights each replica moves randomly, with the last sync (after
+step 4) exact. The first sync is lossy (the model is not the replicas' mean there), but the
+last one adds each replica's residual and each owner's server error, so the delivered model is
+the start minus the mean of the replicas' moves, as if no codec had run. The bytes: the
+fixpoint sync counts the sharded exchange's formula, the exact one 4 n.
+"""
+import torch
+import torch.distributed as dist
+
+from tests.distributed import by_value, run_distributed
+
+
+def _worker(rank, world):
+    from megatron.cc.dp_modes.cocktail_sgd import sharded_exchange_bytes
+    from megatron.cc.grad_sync.diloco import DiLoCoSync
+    from megatron.cc.grad_sync.flat_codecs import make_flat_codec
+    from megatron.cc.grad_sync.param_sync import flatten
+    from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
+    from megatron.cc.stats import ChannelStats
+    gen = torch.Generator().manual_seed(rank)
+    lin = torch.nn.Linear(40, 7)
+    for p in lin.parameters():
+        dist.broadcast(p.data, 0)
+    start = flatten(list(lin.parameters())).clone()
+    ex = ShardedExchange(dist.group.WORLD, make_flat_codec("fixpoint-2"),
+                         make_flat_codec("fixpoint-2"))
+    sync = DiLoCoSync(dist.group.WORLD, ChannelStats(), inner_steps=2, outer_lr=1.0,
+                      outer_momentum=0.0, exchange=ex, final=(4, None))
+    sync(lin, 0)
+    steps, sent, after = [], [], []
+    for it in range(4):
+        step = [0.1 * torch.randn(p.shape, generator=gen) for p in lin.parameters()]
+        with torch.no_grad():
+            for p, d in zip(lin.parameters(), step):
+                p.sub_(d)
+        steps.append(flatten(step))
+        sync.stats.reset()
+        sync.after_optimizer_step(lin, it)
+        sent.append(sync.stats.snapshot().get("dp", {"sent": 0})["sent"])
+        after.append(flatten(list(lin.parameters())).clone())
+    n = start.numel()
+    want = [0, sharded_exchange_bytes(n, world, make_flat_codec("fixpoint-2")), 0, 4 * n]
+    return by_value({"start": start, "after": torch.stack(after), "steps": torch.stack(steps),
+                     "sent": sent, "want_sent": want})
+
+
+def test_exact_final_sync_repays_every_error():
+    res = run_distributed(_worker, 2, timeout=120)
+    for r in res:
+        assert r["sent"] == r["want_sent"]
+    start = torch.as_tensor(res[0]["start"])
+    a0, a1 = (torch.as_tensor(r["after"]) for r in res)
+    s0, s1 = (torch.as_tensor(r["steps"]) for r in res)
+    assert torch.equal(a0[1], a1[1]) and torch.equal(a0[3], a1[3])   # replicas agree after syncs
+    lossy = start - (s0[:2].sum(0) + s1[:2].sum(0)) / 2   # the mean of the first window
+    assert (a0[1] - lossy).abs().max() > 1e-3                # fixpoint-2 missed it
+    exact = start - (s0.sum(0) + s1.sum(0)) / 2
+    torch.testing.assert_close(a0[3], exact, rtol=0, atol=1e-5)
