@@ -130,7 +130,7 @@ EF_HALF = ["--diloco-error-decay", "0.5"]
 SYNC_Q3, SYNC_Q4 = ["--diloco-sync-steps", "lr2:3"], ["--diloco-sync-steps", "lr2:4"]
 SYNC_Q6, SYNC_Q8 = ["--diloco-sync-steps", "lr2:6"], ["--diloco-sync-steps", "lr2:8"]
 SYNC_Q5 = ["--diloco-sync-steps", "lr2:5"]
-LAST3, LAST4 = (["--diloco-final-compression", f"fixpoint-{b}"] for b in (3, 4))
+LAST3, LAST4, LAST5 = (["--diloco-final-compression", f"fixpoint-{b}"] for b in (3, 4, 5))
 
 
 def diloco_psgd(h: int, rank: int):
@@ -260,6 +260,8 @@ RUNS = {
     "diloco-Q5-fixpoint-1-noef-last4-dpadam": diloco(60, "fixpoint-1") + SYNC_Q5 + NOEF + LAST4
     + DPADAM,                                                                           # x1113
     "diloco-Q3-fixpoint-2-last4-dpadam": diloco(100, "fixpoint-2") + SYNC_Q3 + LAST4  # x1146
+    + DPADAM,
+    "diloco-Q3-fixpoint-2-last5-dpadam": diloco(100, "fixpoint-2") + SYNC_Q3 + LAST5  # x1024
     + DPADAM,
 }
 

@@ -166,3 +166,25 @@ def test_emb_channel_per_rank_compute(world, channel):
     _step(trainer, gpu)
     assert shared_embedding_weight(trainer.model).main_grad.device == gpu.device
     assert stats.messages["emb"] >= 1 and _unexpected(gpu, start) == []
+
+
+@pytest.mark.parametrize("world", ["gloo", "nccl"], indirect=True)
+def test_diloco_schedule_and_exact_final_sync(world):
+    """--diloco-sync-steps at the next two steps, the first through int8, the second the
+    run's last (--train-iters) and exact (--diloco-final-compression none): it repays the
+    replica's residual and the owner's server error, all on the GPU."""
+    gpu, trainer = world
+    group = FakeGroup(2, backend=gpu.backend)
+    step = trainer.iteration + 1
+    flags = {"dp-mode": "diloco", "diloco-inner-steps": 4, "diloco-compression": "int8",
+             "diloco-sync-steps": f"{step},{step + 1}", "train-iters": step + 1,
+             "diloco-final-compression": "none"}
+    trainer.grad_sync = _dp_sync(trainer, flags, group)
+    sync = trainer.grad_sync.dp
+    start = len(gpu.events)
+    _step(trainer, gpu)
+    assert sync.residual[0] is not None and sync.exchange.server_error
+    _step(trainer, gpu)
+    assert sync.residual[0] is None and not sync.exchange.server_error   # repaid
+    assert _unexpected(gpu, start) == []
+    assert sync.global_copy[0].device == gpu.device
