@@ -129,6 +129,8 @@ EF_HALF = ["--diloco-error-decay", "0.5"]
 # lr2:6 34,55,77,104,140,300; lr2:8 29,44,60,77,97,120,153,300
 SYNC_Q3, SYNC_Q4 = ["--diloco-sync-steps", "lr2:3"], ["--diloco-sync-steps", "lr2:4"]
 SYNC_Q6, SYNC_Q8 = ["--diloco-sync-steps", "lr2:6"], ["--diloco-sync-steps", "lr2:8"]
+# the first lr2:6 run (seed 1234): the steps by hand from the cosine formula, one off lr2:6's
+SYNC_Q6_HAND = ["--diloco-sync-steps", "33,54,77,103,140,300"]
 SYNC_Q5 = ["--diloco-sync-steps", "lr2:5"]
 LAST3, LAST4, LAST5 = (["--diloco-final-compression", f"fixpoint-{b}"] for b in (3, 4, 5))
 
@@ -249,6 +251,9 @@ RUNS = {
     # syncs where the learning rate is high (the quadratic synchronisation rule, Gu et al.
     # 2024): K windows of equal sum of lr^2 under the runs' schedule (SYNC_Q*)
     "diloco-Q6-dpadam": diloco(50) + SYNC_Q6 + DPADAM,                                  # x50
+    "diloco-Q6h-dpadam": diloco(50) + SYNC_Q6_HAND + DPADAM,                            # x50
+    "diloco-Q6-int8-dpadam": diloco(50, "int8") + SYNC_Q6 + DPADAM,                     # x197
+    "diloco-Q4-fixpoint-4-noef-dpadam": diloco(75, "fixpoint-4") + SYNC_Q4 + NOEF + DPADAM,
     "diloco-Q4-dpadam": diloco(75) + SYNC_Q4 + DPADAM,                                  # x75
     "diloco-Q4-fixpoint-2-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4 + DPADAM,         # x1129
     "diloco-Q3-fixpoint-3-dpadam": diloco(100, "fixpoint-3") + SYNC_Q3 + DPADAM,        # x1024
@@ -263,6 +268,8 @@ RUNS = {
     + DPADAM,
     "diloco-Q3-fixpoint-2-last5-dpadam": diloco(100, "fixpoint-2") + SYNC_Q3 + LAST5  # x1024
     + DPADAM,
+    "diloco-Q3-fixpoint-2-noef-last4-dpadam": diloco(100, "fixpoint-2") + SYNC_Q3 + NOEF + LAST4
+    + DPADAM,                                                                           # x1146
 }
 
 
