@@ -56,6 +56,10 @@ Runs (dp=4, pp=1 unless the name says pp2):
                        feedback): x1129 / x1422 / x1024; diloco-H75-dpadam: exact, x75
   diloco-H50-fixpoint-<4|3|2>[-noef|-ef0.5]-dpadam, diloco-H30-fixpoint-1-noef-dpadam
                        the frontier at <= 2%: x388 / x512 / x753, x853
+  diloco-Q<K>[-<codec>][-noef][-last<b>]-dpadam   --diloco-sync-steps lr2:K: K syncs at
+                       windows of equal sum of lr^2 (short while the rate is high); -last<b>:
+                       --diloco-final-compression fixpoint-<b>; Q6h / Q3h: the first runs'
+                       hand-computed steps (33,54,77,103,140,300 / 54,103,300)
 
     python bench/bench_dp_modes.py [--iters 300] [--runs allreduce,cocktail] [--replot]
     python bench/bench_dp_modes.py --warm-start 300 --out bench/results/warm --runs ...
@@ -129,8 +133,9 @@ EF_HALF = ["--diloco-error-decay", "0.5"]
 # lr2:6 34,55,77,104,140,300; lr2:8 29,44,60,77,97,120,153,300
 SYNC_Q3, SYNC_Q4 = ["--diloco-sync-steps", "lr2:3"], ["--diloco-sync-steps", "lr2:4"]
 SYNC_Q6, SYNC_Q8 = ["--diloco-sync-steps", "lr2:6"], ["--diloco-sync-steps", "lr2:8"]
-# the first lr2:6 run (seed 1234): the steps by hand from the cosine formula, one off lr2:6's
+# the first lr2:6 and lr2:3 runs (seed 1234): steps by hand from the cosine formula, one off
 SYNC_Q6_HAND = ["--diloco-sync-steps", "33,54,77,103,140,300"]
+SYNC_Q3_HAND = ["--diloco-sync-steps", "54,103,300"]
 SYNC_Q5 = ["--diloco-sync-steps", "lr2:5"]
 LAST3, LAST4, LAST5 = (["--diloco-final-compression", f"fixpoint-{b}"] for b in (3, 4, 5))
 
@@ -257,6 +262,7 @@ RUNS = {
     "diloco-Q4-dpadam": diloco(75) + SYNC_Q4 + DPADAM,                                  # x75
     "diloco-Q4-fixpoint-2-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4 + DPADAM,         # x1129
     "diloco-Q3-fixpoint-3-dpadam": diloco(100, "fixpoint-3") + SYNC_Q3 + DPADAM,        # x1024
+    "diloco-Q3h-fixpoint-3-dpadam": diloco(100, "fixpoint-3") + SYNC_Q3_HAND + DPADAM,  # x1024
     "diloco-Q8-fixpoint-1-noef-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + NOEF + DPADAM,
     "diloco-Q6-fixpoint-1-noef-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF + DPADAM,
     # ... and the run's last sync, which nothing repays, at more bits (--diloco-final-compression)
