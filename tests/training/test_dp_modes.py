@@ -212,8 +212,9 @@ def test_sync_rule_windows():
     assert equal_lr_windows([1.0] * 12, 2, 4) == (3, 6, 9, 12)
     assert equal_lr_windows([4.0, 1.0, 1.0, 1.0, 1.0], 1, 2) == (1, 5)  # half the sum at once
     assert equal_lr_windows([1.0, 0.0, 0.0, 0.0], 2, 4) == (1, 2, 3, 4)  # one step each
-    lens = [b - a for a, b in zip((0, 34, 55, 77, 104, 140), (34, 55, 77, 104, 140, 300))]
-    assert lens[1:] == sorted(lens[1:])   # the bench's lr2:6: windows grow after the warm-up
+    steps = equal_lr_windows([1 / (1 + i / 10) for i in range(100)], 2, 5)   # a decaying rate
+    lens = [b - a for a, b in zip((0,) + steps, steps)]
+    assert steps[-1] == 100 and lens == sorted(lens) and lens[0] < lens[-1] / 4
     assert parse_rule("lr2:6") == (2.0, 6) and parse_rule("lr1.5:3") == (1.5, 3)
     assert parse_rule("33,54") is None and parse_rule("lr2") is None
     with pytest.raises(ValueError):
