@@ -261,6 +261,7 @@ RUNS = {
     "diloco-Q4-fixpoint-4-noef-dpadam": diloco(75, "fixpoint-4") + SYNC_Q4 + NOEF + DPADAM,
     "diloco-Q4-dpadam": diloco(75) + SYNC_Q4 + DPADAM,                                  # x75
     "diloco-Q4-fixpoint-2-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4 + DPADAM,         # x1129
+    "diloco-Q4-fixpoint-2-noef-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4 + NOEF + DPADAM,
     "diloco-Q3-fixpoint-3-dpadam": diloco(100, "fixpoint-3") + SYNC_Q3 + DPADAM,        # x1024
     "diloco-Q3h-fixpoint-3-dpadam": diloco(100, "fixpoint-3") + SYNC_Q3_HAND + DPADAM,  # x1024
     "diloco-Q8-fixpoint-1-noef-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + NOEF + DPADAM,

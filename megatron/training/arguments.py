@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import os
 import sys
+from types import SimpleNamespace
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -516,6 +517,7 @@ def validate_args(args: Args) -> None:
     subspace.validate(args)   # before the generic pipeline checks: names its own fixes
     resolve_sync_rule(args)
     args.compression.validate(pp=args.pp, dp=args.dp, tp=args.tp)
+    validate_final_sync(args)
     validate_auto_args(args)
     blend = (args.data.data_path and len(args.data.data_path) > 1) or \
         (args.data.task_name and len([t for t in args.data.task_name.split(",") if t]) > 1)
@@ -559,6 +561,23 @@ def resolve_sync_rule(args: Args) -> None:
                           f"p > 0 and 1 <= K <= --train-iters ({iters})")
     lrs = lr_per_iteration(args, args.training.global_batch_size)
     c.diloco_sync_steps = ",".join(str(s) for s in equal_lr_windows(lrs, power, syncs))
+
+
+def validate_final_sync(args: Args) -> None:
+    """--diloco-final-compression names the codec of a sync after --train-iters: one must
+    happen there (after the schedule is resolved and checked)."""
+    from megatron.cc.dp_modes.diloco import DiLoCoLoop
+    from megatron.cc.grad_sync.diloco import DiLoCoSync
+    c, iters = args.compression, args.training.train_iters
+    if c.dp_mode != "diloco" or not c.diloco_final_compression:
+        return
+    sched = SimpleNamespace(F=c.diloco_fragments, H=c.diloco_inner_steps,
+                            sync_steps=DiLoCoLoop.sync_steps(c))
+    if not DiLoCoSync.due(sched, iters):
+        raise ConfigError(f"--diloco-final-compression {c.diloco_final_compression} is the "
+                          f"codec of the sync after the last iteration, but none falls after "
+                          f"--train-iters {iters}: make it a multiple of --diloco-inner-steps "
+                          f"or the last of --diloco-sync-steps")
 
 
 def validate_sequence_parallel(args: Args) -> None:

@@ -199,8 +199,9 @@ class DiLoCo(DiLoCoLoop):
             raise ConfigError(f"--diloco-compression {name!r}: expected none, fp16, int8, "
                               f"fixpoint-<bits 1..8>, cocktail or powersgd-<rank>")
         final = c.diloco_final_compression
-        if c.dp_mode == "diloco" and final and (final not in ("none", "fp16", "int8", "cocktail")
-                      and not 1 <= (parse_fixpoint_bits(final) or 0) <= 8 or rank):
+        known = final in ("none", "fp16", "int8", "cocktail") \
+            or 1 <= (parse_fixpoint_bits(final) or 0) <= 8
+        if c.dp_mode == "diloco" and final and (not known or rank):
             raise ConfigError(f"--diloco-final-compression {final!r}: expected none, fp16, int8, "
                               f"fixpoint-<bits 1..8> or cocktail, with a flat "
                               f"--diloco-compression (got {name})")
