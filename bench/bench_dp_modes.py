@@ -266,6 +266,7 @@ RUNS = {
     "diloco-Q3h-fixpoint-3-dpadam": diloco(100, "fixpoint-3") + SYNC_Q3_HAND + DPADAM,  # x1024
     "diloco-Q8-fixpoint-1-noef-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + NOEF + DPADAM,
     "diloco-Q6-fixpoint-1-noef-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF + DPADAM,
+    "diloco-Q6-fixpoint-3-noef-dpadam": diloco(50, "fixpoint-3") + SYNC_Q6 + NOEF + DPADAM,
     # ... and the run's last sync, which nothing repays, at more bits (--diloco-final-compression)
     "diloco-Q4-fixpoint-2-last3-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4 + LAST3   # x1010
     + DPADAM,
