@@ -9,7 +9,6 @@ import argparse
 import dataclasses
 import os
 import sys
-from types import SimpleNamespace
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -571,9 +570,7 @@ def validate_final_sync(args: Args) -> None:
     c, iters = args.compression, args.training.train_iters
     if c.dp_mode != "diloco" or not c.diloco_final_compression:
         return
-    sched = SimpleNamespace(F=c.diloco_fragments, H=c.diloco_inner_steps,
-                            sync_steps=DiLoCoLoop.sync_steps(c))
-    if not DiLoCoSync.due(sched, iters):
+    if not DiLoCoSync.due(DiLoCoLoop.schedule(c), iters):
         raise ConfigError(f"--diloco-final-compression {c.diloco_final_compression} is the "
                           f"codec of the sync after the last iteration, but none falls after "
                           f"--train-iters {iters}: make it a multiple of --diloco-inner-steps "

@@ -90,20 +90,26 @@ class DiLoCoLoop(DpMode):
                               f"strictly increasing")
         return steps
 
+    @staticmethod
+    def schedule(c) -> SimpleNamespace:
+        """What DiLoCoSync.due / .window read (F, H, sync_steps), from the flags: the
+        planner and parse_args ask when the run syncs without building the channel."""
+        return SimpleNamespace(F=c.diloco_fragments, H=c.diloco_inner_steps,
+                               sync_steps=DiLoCoLoop.sync_steps(c))
+
     @classmethod
     def stage_bytes(cls, c, params, layout, stage, iteration):
         """Per fragment at its sync (`fragment_bytes`): the fragments due at `iteration`
         (counted tau steps after their sync, raw over the sync's window), or the H-period
         average when iteration is None (a --diloco-sync-steps schedule: its mean window);
         fragments from diloco.py's own `split_fragments`."""
-        H, F, tau = c.diloco_inner_steps, c.diloco_fragments, c.diloco_sync_delay
-        steps = DiLoCoLoop.sync_steps(c)
+        sched, tau = DiLoCoLoop.schedule(c), c.diloco_sync_delay
+        H, F, steps = sched.H, sched.F, sched.sync_steps
         # split_fragments asks numel() of a parameter; a ParamSpec has it as a property
         segments = {k: [SimpleNamespace(numel=lambda n=p.numel: n, shape=tuple(p.shape))
                         for p in v] for k, v in segment_specs(params).items()}
         shapes = [[p.shape for p in f] for f in split_fragments(segments, F)]
         sizes = [sum(math.prod(s) for s in f) for f in shapes]
-        sched = SimpleNamespace(F=F, H=H, sync_steps=steps)
         if iteration is None:   # a schedule: its mean window stands for H
             counted, window = range(F), (steps[-1] / len(steps) if steps else H)
             scale = 1.0 / window
