@@ -124,8 +124,15 @@ def diloco_cocktail(h: int, random_ratio: float, bits: int = 2):
 
 
 AVG = ["--diloco-outer-lr", "1", "--diloco-outer-momentum", "0"]
+
+
+def outer_lr(lr: float):
+    """DiLoCo's outer learning rate (Nesterov momentum stays at its default, 0.9)."""
+    return ["--diloco-outer-lr", str(lr)]
+
 NOEF = ["--diloco-error-decay", "0"]
 EF_HALF = ["--diloco-error-decay", "0.5"]
+RIM = NOEF + ["--diloco-residual-in-model"]
 
 
 # K syncs at windows of equal sum of lr^2 under the run's own schedule (the quadratic
@@ -267,6 +274,19 @@ RUNS = {
     "diloco-Q8-fixpoint-1-noef-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + NOEF + DPADAM,
     "diloco-Q6-fixpoint-1-noef-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF + DPADAM,
     "diloco-Q6-fixpoint-3-noef-dpadam": diloco(50, "fixpoint-3") + SYNC_Q6 + NOEF + DPADAM,
+    # the outer step scaled up by the codec's loss along the replicas' mean (one H = 50
+    # capture, both phases: fixpoint-1 keeps 0.61 of it, fixpoint-2 0.86): 0.7 / 0.61, 0.7 / 0.86
+    "diloco-Q6-fixpoint-1-noef-a1.15-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF
+    + outer_lr(1.15) + DPADAM,                                                          # x1422
+    "diloco-Q8-fixpoint-1-noef-a1.15-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + NOEF
+    + outer_lr(1.15) + DPADAM,                                                          # x1067
+    "diloco-Q6-fixpoint-2-noef-a0.81-dpadam": diloco(50, "fixpoint-2") + SYNC_Q6 + NOEF
+    + outer_lr(0.81) + DPADAM,                                                          # x753
+    "diloco-Q6-fixpoint-2-noef-dpadam": diloco(50, "fixpoint-2") + SYNC_Q6 + NOEF + DPADAM,
+    # each replica keeps its own codec residual in its weights (--diloco-residual-in-model)
+    "diloco-Q6-fixpoint-1-rim-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + RIM + DPADAM,  # x1422
+    "diloco-Q6-fixpoint-2-rim-dpadam": diloco(50, "fixpoint-2") + SYNC_Q6 + RIM + DPADAM,  # x753
+    "diloco-Q8-fixpoint-1-rim-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + RIM + DPADAM,  # x1067
     # ... and the run's last sync, which nothing repays, at more bits (--diloco-final-compression)
     "diloco-Q4-fixpoint-2-last3-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4 + LAST3   # x1010
     + DPADAM,

@@ -164,6 +164,12 @@ class DiLoCo(DiLoCoLoop):
              "shard owner's) when added to the next sync, in [0, 1] (1: plain error feedback; "
              "0: none, every sync stands alone). fp16, int8, fixpoint-<bits> and cocktail "
              "only.")
+    diloco_residual_in_model: bool = flag(
+        False, "diloco: each replica restarts from the new global model minus its own codec "
+               "residual (what it did not send), so error feedback is held in the replica's "
+               "weights instead of its next message; the next pseudo-gradient carries it. "
+               "Needs a flat lossy --diloco-compression and --diloco-error-decay 0; the sync "
+               "after --train-iters leaves every replica on the global model.")
 
     @staticmethod
     def borrows(c):
@@ -220,6 +226,14 @@ class DiLoCo(DiLoCoLoop):
                               f"of a flat codec (fp16, int8, fixpoint-<bits>, cocktail); "
                               f"--diloco-compression {name} keeps none of its own: drop the flag")
 
+        if c.dp_mode == "diloco" and c.diloco_residual_in_model and (
+                name in ("none", "fp16") or rank or c.diloco_error_decay != 0.0):
+            raise ConfigError(f"--diloco-residual-in-model keeps a lossy flat codec's residual "
+                              f"in the replica's weights, which then carry it into the next "
+                              f"sync: it needs --diloco-compression int8, fixpoint-<bits> or "
+                              f"cocktail (got {name}) and --diloco-error-decay 0 (got "
+                              f"{c.diloco_error_decay}), or the residual is sent twice")
+
     @staticmethod
     def build(c, topo, stats, run):
         group = DiLoCoLoop.reduce_group(c, topo)
@@ -241,4 +255,5 @@ class DiLoCo(DiLoCoLoop):
                           c.diloco_sync_delay, reduce_group=group,
                           error_decay=c.diloco_error_decay,
                           capture_dir=DiLoCoLoop.capture_dir(c),
-                          sync_steps=DiLoCoLoop.sync_steps(c), final=final)
+                          sync_steps=DiLoCoLoop.sync_steps(c), final=final,
+                          residual_in_model=c.diloco_residual_in_model and run.train_iters)

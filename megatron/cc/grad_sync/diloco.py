@@ -93,7 +93,8 @@ class DiLoCoSync(SyncChannel):
     def __init__(self, group, stats: ChannelStats, inner_steps: int = 100,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, exchange=None,
                  fragments: int = 1, sync_delay: int = 0, reduce_group=None,
-                 error_decay: float = 1.0, capture_dir=None, sync_steps=(), final=None):
+                 error_decay: float = 1.0, capture_dir=None, sync_steps=(), final=None,
+                 residual_in_model: int = 0):
         if inner_steps < 1 or fragments < 1 or inner_steps % fragments:
             raise ValueError(f"need inner_steps >= 1 divisible by fragments >= 1, got "
                              f"{inner_steps}, {fragments}")
@@ -112,6 +113,7 @@ class DiLoCoSync(SyncChannel):
         self.world = dist.get_world_size(group)
         self.lr, self.mu, self.exchange = outer_lr, outer_momentum, exchange
         self.tau, self.decay, self.capture_dir = sync_delay, error_decay, capture_dir
+        self.residual_in_model = residual_in_model
         self.final = final
         self.global_copy: Optional[List[torch.Tensor]] = None   # theta_g per fragment
         self.momentum: List[Optional[torch.Tensor]] = [None] * fragments
@@ -233,11 +235,16 @@ class DiLoCoSync(SyncChannel):
             self.momentum[f] = m
             delta = delta + self.mu * m          # Nesterov
         g.sub_(delta, alpha=self.lr)
+        target = g
+        if self.residual_in_model and job.get("step") != self.residual_in_model \
+                and self.residual[f] is not None:   # keep what this replica did not send
+            target = g - self.residual[f]
         if self.tau:
             local = flatten(params)
-            copy_flat_(params, (g + (local - job["snapshot"]).to(g.device)).to(params[0].device))
+            copy_flat_(params, (target + (local - job["snapshot"]).to(g.device))
+                       .to(params[0].device))
         else:
-            copy_flat_(params, g.to(params[0].device))
+            copy_flat_(params, target.to(params[0].device))
         # raw: an fp32 gradient all-reduce for every inner step since this fragment's last sync
         self.stats.add("dp", job["sent"], g.numel() * 4 * job.get("window", self.H))
 
