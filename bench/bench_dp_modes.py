@@ -278,6 +278,11 @@ RUNS = {
     # capture, both phases: fixpoint-1 keeps 0.61 of it, fixpoint-2 0.86): 0.7 / 0.61, 0.7 / 0.86
     "diloco-Q6-fixpoint-1-noef-a1.15-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF
     + outer_lr(1.15) + DPADAM,                                                          # x1422
+    "diloco-Q6-fixpoint-1-noef-a1.4-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF
+    + outer_lr(1.4) + DPADAM,                                                           # x1422
+    "diloco-Q6-fixpoint-1-noef-a2-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF
+    + outer_lr(2.0) + DPADAM,                                                           # x1422
+    "diloco-Q6-a1-dpadam": diloco(50) + SYNC_Q6 + outer_lr(1.0) + DPADAM,               # x50
     "diloco-Q8-fixpoint-1-noef-a1.15-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + NOEF
     + outer_lr(1.15) + DPADAM,                                                          # x1067
     "diloco-Q6-fixpoint-2-noef-a0.81-dpadam": diloco(50, "fixpoint-2") + SYNC_Q6 + NOEF
@@ -286,6 +291,12 @@ RUNS = {
     # each replica keeps its own codec residual in its weights (--diloco-residual-in-model)
     "diloco-Q6-fixpoint-1-rim-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + RIM + DPADAM,  # x1422
     "diloco-Q6-fixpoint-2-rim-dpadam": diloco(50, "fixpoint-2") + SYNC_Q6 + RIM + DPADAM,  # x753
+    # ... with the outer step scaled by the owners' loss along the mean (phase 2: 0.83) and
+    # the last sync at 3 bits (5 x 1.125 + 3.125 bits per value in 300 iterations)
+    "diloco-Q6-fixpoint-1-rim-a0.84-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + RIM
+    + outer_lr(0.84) + LAST3 + DPADAM,                                                  # x1097
+    "diloco-Q6-fixpoint-1-noef-a1.15-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF
+    + outer_lr(1.15) + LAST3 + DPADAM,                                                  # x1097
     "diloco-Q8-fixpoint-1-rim-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + RIM + DPADAM,  # x1067
     # ... and the run's last sync, which nothing repays, at more bits (--diloco-final-compression)
     "diloco-Q4-fixpoint-2-last3-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4 + LAST3   # x1010

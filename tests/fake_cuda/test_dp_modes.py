@@ -188,3 +188,24 @@ def test_diloco_schedule_and_exact_final_sync(world):
     assert sync.residual[0] is None and not sync.exchange.server_error   # repaid
     assert _unexpected(gpu, start) == []
     assert sync.global_copy[0].device == gpu.device
+
+
+@pytest.mark.parametrize("world", ["gloo", "nccl"], indirect=True)
+def test_diloco_residual_in_model(world):
+    """--diloco-residual-in-model: after a fixpoint-2 sync the replica restarts from the
+    global copy minus its own residual, computed and copied into the weights on the GPU."""
+    gpu, trainer = world
+    group = FakeGroup(2, backend=gpu.backend)
+    step = trainer.iteration + 1
+    flags = {"dp-mode": "diloco", "diloco-inner-steps": 4, "diloco-compression": "fixpoint-2",
+             "diloco-sync-steps": f"{step},{step + 1}", "train-iters": step + 1,
+             "diloco-error-decay": 0.0, "diloco-residual-in-model": True}
+    trainer.grad_sync = _dp_sync(trainer, flags, group)
+    sync = trainer.grad_sync.dp
+    assert sync.residual_in_model == step + 1
+    start = len(gpu.events)
+    _step(trainer, gpu)
+    assert sync.residual[0] is not None and sync.residual[0].device == gpu.device
+    _step(trainer, gpu)
+    assert _unexpected(gpu, start) == []
+    assert all(p.device == gpu.device for p in trainer.model.parameters())

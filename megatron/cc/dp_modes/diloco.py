@@ -256,4 +256,4 @@ class DiLoCo(DiLoCoLoop):
                           error_decay=c.diloco_error_decay,
                           capture_dir=DiLoCoLoop.capture_dir(c),
                           sync_steps=DiLoCoLoop.sync_steps(c), final=final,
-                          residual_in_model=c.diloco_residual_in_model and run.train_iters)
+                          residual_in_model=run.train_iters if c.diloco_residual_in_model else 0)

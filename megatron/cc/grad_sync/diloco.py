@@ -33,9 +33,12 @@ then every H steps after the last one; a sync's raw bytes count the steps since 
 
 The residual is added with weight beta (e_i <- beta e_i + Delta_i before the codec):
 --diloco-error-decay, 1 by default (0: no error feedback; the sharded exchange weighs its
-owners' server errors alike). SparseLoCo (--dp-mode sparseloco, sparseloco.py) is this class
-with beta = --sparseloco-error-decay, no outer momentum and a GatherExchange through the
-chunked top-k codec.
+owners' server errors alike). With --diloco-residual-in-model (beta 0) the residual stays in
+the replica's weights instead: theta_i <- theta_g - e_i, so the replicas' mean keeps what the
+codec lost at phase 1 and the next pseudo-gradient carries it (theta_g - theta_i includes
+e_i); the sync after --train-iters leaves every replica on theta_g. SparseLoCo (--dp-mode
+sparseloco, sparseloco.py) is this class with beta = --sparseloco-error-decay, no outer
+momentum and a GatherExchange through the chunked top-k codec.
 """
 import time
 from typing import Dict, List, Optional
@@ -88,6 +91,9 @@ class DiLoCoSync(SyncChannel):
             (--diloco-final-compression): that exchange instead (None: exact, with every
             pending error repaid: the replica's residual and the owners' server errors);
             None: every sync through `exchange`.
+        residual_in_model: the run's last inner step (--train-iters) to keep each replica's
+            codec residual in its weights after every other sync (--diloco-residual-in-model,
+            error_decay 0); 0: the replicas restart from theta_g.
     """
 
     def __init__(self, group, stats: ChannelStats, inner_steps: int = 100,
