@@ -295,6 +295,8 @@ RUNS = {
     # the last sync at 3 bits (5 x 1.125 + 3.125 bits per value in 300 iterations)
     "diloco-Q6-fixpoint-1-rim-a0.84-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + RIM
     + outer_lr(0.84) + LAST3 + DPADAM,                                                  # x1097
+    "diloco-Q6-fixpoint-1-rim-a1.2-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + RIM
+    + outer_lr(1.2) + LAST3 + DPADAM,                                                   # x1097
     "diloco-Q6-fixpoint-1-noef-a1.15-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF
     + outer_lr(1.15) + LAST3 + DPADAM,                                                  # x1097
     "diloco-Q8-fixpoint-1-rim-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + RIM + DPADAM,  # x1067

@@ -168,8 +168,9 @@ class DiLoCo(DiLoCoLoop):
         False, "diloco: each replica restarts from the new global model minus its own codec "
                "residual (what it did not send), so error feedback is held in the replica's "
                "weights instead of its next message; the next pseudo-gradient carries it. "
-               "Needs a flat lossy --diloco-compression and --diloco-error-decay 0; the sync "
-               "after --train-iters leaves every replica on the global model.")
+               "--diloco-error-decay then weighs only the shard owners' server errors. Needs "
+               "--diloco-compression int8, fixpoint-<bits> or cocktail; the sync after "
+               "--train-iters leaves every replica on the global model.")
 
     @staticmethod
     def borrows(c):
@@ -227,12 +228,10 @@ class DiLoCo(DiLoCoLoop):
                               f"--diloco-compression {name} keeps none of its own: drop the flag")
 
         if c.dp_mode == "diloco" and c.diloco_residual_in_model and (
-                name in ("none", "fp16") or rank or c.diloco_error_decay != 0.0):
+                name in ("none", "fp16") or rank):
             raise ConfigError(f"--diloco-residual-in-model keeps a lossy flat codec's residual "
-                              f"in the replica's weights, which then carry it into the next "
-                              f"sync: it needs --diloco-compression int8, fixpoint-<bits> or "
-                              f"cocktail (got {name}) and --diloco-error-decay 0 (got "
-                              f"{c.diloco_error_decay}), or the residual is sent twice")
+                              f"in the replica's weights: it needs --diloco-compression int8, "
+                              f"fixpoint-<bits> or cocktail (got {name})")
 
     @staticmethod
     def build(c, topo, stats, run):

@@ -33,8 +33,8 @@ then every H steps after the last one; a sync's raw bytes count the steps since 
 
 The residual is added with weight beta (e_i <- beta e_i + Delta_i before the codec):
 --diloco-error-decay, 1 by default (0: no error feedback; the sharded exchange weighs its
-owners' server errors alike). With --diloco-residual-in-model (beta 0) the residual stays in
-the replica's weights instead: theta_i <- theta_g - e_i, so the replicas' mean keeps what the
+owners' server errors alike). With --diloco-residual-in-model the replica's residual stays in
+its weights instead (beta then weighs only the server errors): theta_i <- theta_g - e_i, so the replicas' mean keeps what the
 codec lost at phase 1 and the next pseudo-gradient carries it (theta_g - theta_i includes
 e_i); the sync after --train-iters leaves every replica on theta_g. SparseLoCo (--dp-mode
 sparseloco, sparseloco.py) is this class with beta = --sparseloco-error-decay, no outer
@@ -92,8 +92,9 @@ class DiLoCoSync(SyncChannel):
             pending error repaid: the replica's residual and the owners' server errors);
             None: every sync through `exchange`.
         residual_in_model: the run's last inner step (--train-iters) to keep each replica's
-            codec residual in its weights after every other sync (--diloco-residual-in-model,
-            error_decay 0); 0: the replicas restart from theta_g.
+            codec residual in its weights after every other sync (--diloco-residual-in-model;
+            error_decay then weighs only the owners' server errors); 0: the replicas restart
+            from theta_g.
     """
 
     def __init__(self, group, stats: ChannelStats, inner_steps: int = 100,
@@ -118,8 +119,11 @@ class DiLoCoSync(SyncChannel):
         self.reduce_group = reduce_group if reduce_group is not None else group
         self.world = dist.get_world_size(group)
         self.lr, self.mu, self.exchange = outer_lr, outer_momentum, exchange
-        self.tau, self.decay, self.capture_dir = sync_delay, error_decay, capture_dir
+        self.tau, self.capture_dir = sync_delay, capture_dir
+        # the replica's residual goes into its next message (decay) or stays in its weights
+        # (residual_in_model); the owners' server errors are weighed by error_decay either way
         self.residual_in_model = residual_in_model
+        self.decay, self.server_decay = (0.0 if residual_in_model else error_decay), error_decay
         self.final = final
         self.global_copy: Optional[List[torch.Tensor]] = None   # theta_g per fragment
         self.momentum: List[Optional[torch.Tensor]] = [None] * fragments
@@ -200,14 +204,14 @@ class DiLoCoSync(SyncChannel):
         exchange = self.exchange
         if self.final is not None and job.get("step") == self.final[0]:
             exchange = self.final[1]
-            if exchange is None and self.decay:   # exact: every pending error repaid now
-                if self.residual[f] is not None:
+            if exchange is None:   # exact: every pending error repaid now
+                if self.residual[f] is not None and self.decay:
                     delta.add_(self.residual[f], alpha=self.decay)
                     self.residual[f] = None
-                owed = getattr(self.exchange, "owed", None)   # the sharded exchange's
-                server = owed(delta.numel(), str(f)) if owed else None
+                owed = getattr(self.exchange, "owed", None) if self.server_decay else None
+                server = owed(delta.numel(), str(f)) if owed else None   # the sharded exchange's
                 if server is not None:
-                    delta.add_(server.to(delta.device), alpha=self.decay)
+                    delta.add_(server.to(delta.device), alpha=self.server_decay)
         if exchange is None:
             dist.all_reduce(delta, group=self.reduce_group)
             delta /= self.world

@@ -9,6 +9,8 @@ lost), and the last sync (after step 4) is exact. With the residual kept in the 
 - the last sync then carries the residuals in the pseudo-gradients, and the delivered model is
   the start minus the mean of every move, as if no codec had run.
 Without it (the control) the first window's residuals are dropped and the model misses it.
+With lossy owners (phase 2 fixpoint-2) and error_decay 1, which then weighs only their server
+errors, the exact last sync repays those too: the delivered model is again exact.
 """
 import torch
 import torch.distributed as dist
@@ -16,7 +18,7 @@ import torch.distributed as dist
 from tests.distributed import by_value, run_distributed
 
 
-def _run(rank, keep: bool):
+def _run(rank, keep: bool, server: bool = False):
     from megatron.cc.grad_sync.diloco import DiLoCoSync
     from megatron.cc.grad_sync.flat_codecs import make_flat_codec
     from megatron.cc.grad_sync.param_sync import flatten
@@ -26,10 +28,11 @@ def _run(rank, keep: bool):
     torch.manual_seed(0)
     lin = torch.nn.Linear(40, 7)
     start = flatten(list(lin.parameters())).clone()
-    ex = ShardedExchange(dist.group.WORLD, make_flat_codec("fixpoint-2"), make_flat_codec("none"),
-                         error_decay=0.0)
+    beta = 1.0 if server else 0.0   # server: the owners send fixpoint-2 too, error-fed
+    ex = ShardedExchange(dist.group.WORLD, make_flat_codec("fixpoint-2"),
+                         make_flat_codec("fixpoint-2" if server else "none"), error_decay=beta)
     sync = DiLoCoSync(dist.group.WORLD, ChannelStats(), inner_steps=2, outer_lr=1.0,
-                      outer_momentum=0.0, exchange=ex, error_decay=0.0, final=(4, None),
+                      outer_momentum=0.0, exchange=ex, error_decay=beta, final=(4, None),
                       residual_in_model=4 if keep else 0)
     sync(lin, 0)
     steps, after = [], []
@@ -45,7 +48,8 @@ def _run(rank, keep: bool):
 
 
 def _worker(rank, world):
-    return by_value({"keep": _run(rank, True), "drop": _run(rank, False)})
+    return by_value({"keep": _run(rank, True), "drop": _run(rank, False),
+                     "server": _run(rank, True, server=True)})
 
 
 def test_residual_in_model_loses_nothing():
@@ -62,3 +66,9 @@ def test_residual_in_model_loses_nothing():
     d0, d1 = (torch.as_tensor(r["drop"]["after"]) for r in res)
     assert torch.equal(d0[1], d1[1])                            # control: one lossy model
     assert (d0[3] - exact).abs().max() > 1e-3                   # ... that missed the residuals
+    # lossy owners, their server errors fed back (beta 1, which under residual-in-model weighs
+    # only them): the exact last sync repays them, and the residuals ride in the weights
+    v0, v1 = (torch.as_tensor(r["server"]["after"]) for r in res)
+    assert (v0[1] - v1[1]).abs().max() > 1e-3
+    assert ((v0[1] + v1[1]) / 2 - first).abs().max() > 1e-3      # phase 2 missed some of it
+    torch.testing.assert_close(v0[3], exact, rtol=0, atol=1e-5)
