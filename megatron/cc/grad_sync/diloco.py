@@ -89,7 +89,9 @@ class DiLoCoSync(SyncChannel):
             F = 1, sync_delay below the shortest window); () syncs every H.
         final: (step, exchange) for the sync after inner step `step`, the run's last
             (--diloco-final-compression): that exchange instead (None: exact, with every
-            pending error repaid: the replica's residual and the owners' server errors);
+            pending error repaid: the replica's residual and the owners' server errors; a
+            lossy one takes over the owners' pending server errors and repays them through
+            its codec);
             None: every sync through `exchange`.
         residual_in_model: the run's last inner step (--train-iters) to keep each replica's
             codec residual in its weights after every other sync (--diloco-residual-in-model;
@@ -212,6 +214,11 @@ class DiLoCoSync(SyncChannel):
                 server = owed(delta.numel(), str(f)) if owed else None   # the sharded exchange's
                 if server is not None:
                     delta.add_(server.to(delta.device), alpha=self.server_decay)
+            elif self.server_decay and hasattr(self.exchange, "server_error"):
+                # a lossy last sync: its owners repay the pending server errors through it
+                pending = self.exchange.server_error.pop(str(f), None)
+                if pending is not None:
+                    exchange.server_error[str(f)] = pending
         if exchange is None:
             dist.all_reduce(delta, group=self.reduce_group)
             delta /= self.world

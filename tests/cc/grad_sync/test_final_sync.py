@@ -5,7 +5,9 @@ exchange on a Linear whose weights each replica moves randomly, with the last sy
 step 4) exact. The first sync is lossy (the model is not the replicas' mean there), but the
 last one adds each replica's residual and each owner's server error, so the delivered model is
 the start minus the mean of the replicas' moves, as if no codec had run. The bytes: the
-fixpoint sync counts the sharded exchange's formula, the exact one 4 n.
+fixpoint sync counts the sharded exchange's formula, the exact one 4 n. A lossy last sync (its
+own sharded exchange) takes over the owners' pending server errors: with lossless codecs in
+it, the delivered model is exact too.
 """
 import torch
 import torch.distributed as dist
@@ -13,7 +15,7 @@ import torch.distributed as dist
 from tests.distributed import by_value, run_distributed
 
 
-def _worker(rank, world):
+def _worker(rank, world, lossless_exchange=False):
     from megatron.cc.dp_modes.cocktail_sgd import sharded_exchange_bytes
     from megatron.cc.grad_sync.diloco import DiLoCoSync
     from megatron.cc.grad_sync.flat_codecs import make_flat_codec
@@ -27,8 +29,11 @@ def _worker(rank, world):
     start = flatten(list(lin.parameters())).clone()
     ex = ShardedExchange(dist.group.WORLD, make_flat_codec("fixpoint-2"),
                          make_flat_codec("fixpoint-2"))
+    last = None   # exact; or a sharded exchange whose codecs happen to be lossless (fp32)
+    if lossless_exchange:
+        last = ShardedExchange(dist.group.WORLD, make_flat_codec("none"), make_flat_codec("none"))
     sync = DiLoCoSync(dist.group.WORLD, ChannelStats(), inner_steps=2, outer_lr=1.0,
-                      outer_momentum=0.0, exchange=ex, final=(4, None))
+                      outer_momentum=0.0, exchange=ex, final=(4, last))
     sync(lin, 0)
     steps, sent, after = [], [], []
     for it in range(4):
@@ -42,7 +47,8 @@ def _worker(rank, world):
         sent.append(sync.stats.snapshot().get("dp", {"sent": 0})["sent"])
         after.append(flatten(list(lin.parameters())).clone())
     n = start.numel()
-    want = [0, sharded_exchange_bytes(n, world, make_flat_codec("fixpoint-2")), 0, 4 * n]
+    want = [0, sharded_exchange_bytes(n, world, make_flat_codec("fixpoint-2")), 0,
+            sharded_exchange_bytes(n, world, make_flat_codec("none")) if last else 4 * n]
     return by_value({"start": start, "after": torch.stack(after), "steps": torch.stack(steps),
                      "sent": sent, "want_sent": want})
 
@@ -57,5 +63,19 @@ def test_exact_final_sync_repays_every_error():
     assert torch.equal(a0[1], a1[1]) and torch.equal(a0[3], a1[3])   # replicas agree after syncs
     lossy = start - (s0[:2].sum(0) + s1[:2].sum(0)) / 2   # the mean of the first window
     assert (a0[1] - lossy).abs().max() > 1e-3                # fixpoint-2 missed it
+    exact = start - (s0.sum(0) + s1.sum(0)) / 2
+    torch.testing.assert_close(a0[3], exact, rtol=0, atol=1e-5)
+
+
+def test_lossy_final_sync_takes_over_the_server_errors():
+    """A last sync through its own sharded exchange (here with lossless fp32 codecs, so only
+    the bookkeeping can lose anything) repays the replica's residual and takes over the main
+    exchange's pending server errors: again exactly the replicas' mean moves."""
+    res = run_distributed(_worker, 2, (True,), timeout=120)
+    for r in res:
+        assert r["sent"] == r["want_sent"]
+    start = torch.as_tensor(res[0]["start"])
+    a0 = torch.as_tensor(res[0]["after"])
+    s0, s1 = (torch.as_tensor(r["steps"]) for r in res)
     exact = start - (s0.sum(0) + s1.sum(0)) / 2
     torch.testing.assert_close(a0[3], exact, rtol=0, atol=1e-5)
