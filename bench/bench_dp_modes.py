@@ -133,6 +133,7 @@ def outer_lr(lr: float):
 NOEF = ["--diloco-error-decay", "0"]
 EF_HALF = ["--diloco-error-decay", "0.5"]
 RIM = NOEF + ["--diloco-residual-in-model"]
+FINAL_AVG = ["--diloco-final-average"]
 
 
 # K syncs at windows of equal sum of lr^2 under the run's own schedule (the quadratic
@@ -297,6 +298,10 @@ RUNS = {
     + outer_lr(0.84) + LAST3 + DPADAM,                                                  # x1097
     "diloco-Q6-fixpoint-1-rim-a1.2-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + RIM
     + outer_lr(1.2) + LAST3 + DPADAM,                                                   # x1097
+    # ... and the last sync the replicas' plain mean (--diloco-final-average), not a Nesterov
+    # step of lr 1.2 over a 160-step window
+    "diloco-Q6-fixpoint-1-rim-a1.2-avg-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6
+    + RIM + outer_lr(1.2) + FINAL_AVG + LAST3 + DPADAM,                                # x1097
     "diloco-Q6-fixpoint-1-noef-a1.15-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF
     + outer_lr(1.15) + LAST3 + DPADAM,                                                  # x1097
     "diloco-Q8-fixpoint-1-rim-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + RIM + DPADAM,  # x1067

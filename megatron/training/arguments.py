@@ -563,16 +563,17 @@ def resolve_sync_rule(args: Args) -> None:
 
 
 def validate_final_sync(args: Args) -> None:
-    """--diloco-final-compression names the codec of a sync after --train-iters: one must
-    happen there (after the schedule is resolved and checked)."""
+    """--diloco-final-compression (and --diloco-final-average) configure a sync after
+    --train-iters: one must happen there (after the schedule is resolved and checked)."""
     from megatron.cc.dp_modes.diloco import DiLoCoLoop
     from megatron.cc.grad_sync.diloco import DiLoCoSync
     c, iters = args.compression, args.training.train_iters
-    if c.dp_mode != "diloco" or not c.diloco_final_compression:
+    if c.dp_mode != "diloco" or not (c.diloco_final_compression or c.diloco_final_average):
         return
+    what = (f"--diloco-final-compression {c.diloco_final_compression} is the codec"
+            if c.diloco_final_compression else "--diloco-final-average is the outer step")
     if not DiLoCoSync.due(DiLoCoLoop.schedule(c), iters):
-        raise ConfigError(f"--diloco-final-compression {c.diloco_final_compression} is the "
-                          f"codec of the sync after the last iteration, but none falls after "
+        raise ConfigError(f"{what} of the sync after the last iteration, but none falls after "
                           f"--train-iters {iters}: make it a multiple of --diloco-inner-steps "
                           f"or the last of --diloco-sync-steps")
 

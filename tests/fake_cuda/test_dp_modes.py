@@ -202,7 +202,7 @@ def test_diloco_residual_in_model(world):
              "diloco-error-decay": 0.0, "diloco-residual-in-model": True}
     trainer.grad_sync = _dp_sync(trainer, flags, group)
     sync = trainer.grad_sync.dp
-    assert sync.residual_in_model == step + 1
+    assert sync.residual_in_model and sync.last_step == step + 1
     start = len(gpu.events)
     _step(trainer, gpu)
     assert sync.residual[0] is not None and sync.residual[0].device == gpu.device

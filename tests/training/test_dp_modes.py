@@ -155,6 +155,8 @@ def test_resume_bit_exact_with_each_dp_mode(tiny_corpus, tmp_path):
       "diloco-final-compression": "none"}, 2, "with a flat --diloco-compression"),
     ({"dp-mode": "diloco", "diloco-inner-steps": 3, "diloco-final-compression": "int8"}, 2,
      "none falls after --train-iters 5"),
+    ({"dp-mode": "diloco", "diloco-inner-steps": 3, "diloco-final-average": True}, 2,
+     "--diloco-final-average is the outer step of the sync after the last iteration, but none"),
     ({"dp-mode": "diloco", "diloco-sync-steps": "lr2:6"}, 2, "1 <= K <= --train-iters"),
     ({"dp-mode": "diloco", "diloco-capture-dir": "pyproject.toml"}, 2,
      "--diloco-capture-dir pyproject.toml is a file"),

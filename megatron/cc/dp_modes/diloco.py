@@ -171,6 +171,10 @@ class DiLoCo(DiLoCoLoop):
                "--diloco-error-decay then weighs only the shard owners' server errors. Needs "
                "--diloco-compression int8, fixpoint-<bits> or cocktail; the sync after "
                "--train-iters leaves every replica on the global model.")
+    diloco_final_average: bool = flag(
+        False, "diloco: the sync after --train-iters sets the model to the replicas' decoded "
+               "mean (outer lr 1, no momentum) instead of an outer Nesterov step: at the end "
+               "of a decayed schedule, their average rather than an extrapolation of it.")
 
     @staticmethod
     def borrows(c):
@@ -255,4 +259,6 @@ class DiLoCo(DiLoCoLoop):
                           error_decay=c.diloco_error_decay,
                           capture_dir=DiLoCoLoop.capture_dir(c),
                           sync_steps=DiLoCoLoop.sync_steps(c), final=final,
-                          residual_in_model=run.train_iters if c.diloco_residual_in_model else 0)
+                          last_step=run.train_iters,
+                          residual_in_model=c.diloco_residual_in_model,
+                          final_average=c.diloco_final_average)

@@ -93,17 +93,21 @@ class DiLoCoSync(SyncChannel):
             lossy one takes over the owners' pending server errors and repays them through
             its codec);
             None: every sync through `exchange`.
-        residual_in_model: the run's last inner step (--train-iters) to keep each replica's
-            codec residual in its weights after every other sync (--diloco-residual-in-model;
-            error_decay then weighs only the owners' server errors); 0: the replicas restart
-            from theta_g.
+        last_step: the run's last inner step (--train-iters; 0: unknown), whose sync the next
+            two treat apart.
+        residual_in_model: after every sync but the last, each replica restarts from theta_g
+            minus its own codec residual (--diloco-residual-in-model; error_decay then weighs
+            only the owners' server errors).
+        final_average: the last sync sets theta_g to the decoded mean, theta_g - Delta (outer
+            lr 1, no momentum; --diloco-final-average).
     """
 
     def __init__(self, group, stats: ChannelStats, inner_steps: int = 100,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, exchange=None,
                  fragments: int = 1, sync_delay: int = 0, reduce_group=None,
                  error_decay: float = 1.0, capture_dir=None, sync_steps=(), final=None,
-                 residual_in_model: int = 0):
+                 last_step: int = 0, residual_in_model: bool = False,
+                 final_average: bool = False):
         if inner_steps < 1 or fragments < 1 or inner_steps % fragments:
             raise ValueError(f"need inner_steps >= 1 divisible by fragments >= 1, got "
                              f"{inner_steps}, {fragments}")
@@ -124,7 +128,8 @@ class DiLoCoSync(SyncChannel):
         self.tau, self.capture_dir = sync_delay, capture_dir
         # the replica's residual goes into its next message (decay) or stays in its weights
         # (residual_in_model); the owners' server errors are weighed by error_decay either way
-        self.residual_in_model = residual_in_model
+        self.last_step, self.residual_in_model = last_step, residual_in_model
+        self.final_average = final_average
         self.decay, self.server_decay = (0.0 if residual_in_model else error_decay), error_decay
         self.final = final
         self.global_copy: Optional[List[torch.Tensor]] = None   # theta_g per fragment
@@ -246,14 +251,18 @@ class DiLoCoSync(SyncChannel):
         learned since the snapshot (the tau overlapped steps; nothing when tau = 0)."""
         f, delta = job["f"], job["mean"]
         g = self.global_copy[f]
-        if self.mu:
+        last = bool(self.last_step) and job.get("step") == self.last_step
+        if last and self.final_average:   # the replicas' mean, no extrapolation
+            g.sub_(delta)
+        elif self.mu:
             m = self.momentum[f]
             m = delta.clone() if m is None else m.mul_(self.mu).add_(delta)
             self.momentum[f] = m
-            delta = delta + self.mu * m          # Nesterov
-        g.sub_(delta, alpha=self.lr)
+            g.sub_(delta + self.mu * m, alpha=self.lr)   # Nesterov
+        else:
+            g.sub_(delta, alpha=self.lr)
         target = g
-        if self.residual_in_model and job.get("step") != self.residual_in_model \
+        if self.residual_in_model and not last \
                 and self.residual[f] is not None:   # keep what this replica did not send
             target = g - self.residual[f]
         if self.tau:

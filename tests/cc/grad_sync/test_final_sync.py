@@ -15,7 +15,7 @@ import torch.distributed as dist
 from tests.distributed import by_value, run_distributed
 
 
-def _worker(rank, world, lossless_exchange=False):
+def _worker(rank, world, lossless_exchange=False, final_average=False):
     from megatron.cc.dp_modes.cocktail_sgd import sharded_exchange_bytes
     from megatron.cc.grad_sync.diloco import DiLoCoSync
     from megatron.cc.grad_sync.flat_codecs import make_flat_codec
@@ -32,8 +32,10 @@ def _worker(rank, world, lossless_exchange=False):
     last = None   # exact; or a sharded exchange whose codecs happen to be lossless (fp32)
     if lossless_exchange:
         last = ShardedExchange(dist.group.WORLD, make_flat_codec("none"), make_flat_codec("none"))
-    sync = DiLoCoSync(dist.group.WORLD, ChannelStats(), inner_steps=2, outer_lr=1.0,
-                      outer_momentum=0.0, exchange=ex, final=(4, last))
+    outer = (0.7, 0.9) if final_average else (1.0, 0.0)
+    sync = DiLoCoSync(dist.group.WORLD, ChannelStats(), inner_steps=2, outer_lr=outer[0],
+                      outer_momentum=outer[1], exchange=ex, final=(4, last), last_step=4,
+                      final_average=final_average)
     sync(lin, 0)
     steps, sent, after = [], [], []
     for it in range(4):
@@ -79,3 +81,19 @@ def test_lossy_final_sync_takes_over_the_server_errors():
     s0, s1 = (torch.as_tensor(r["steps"]) for r in res)
     exact = start - (s0.sum(0) + s1.sum(0)) / 2
     torch.testing.assert_close(a0[3], exact, rtol=0, atol=1e-5)
+
+
+def test_final_average_takes_the_mean():
+    """--diloco-final-average: with DiLoCo's Nesterov step (lr 0.7, momentum 0.9) for the
+    first sync, the exact last one sets the model to the first sync's model minus the mean of
+    the second window's moves and of every error the first sync left (its decoded mean U was
+    applied as 0.7 x 1.9 x U): no extrapolation at the end."""
+    res = run_distributed(_worker, 2, (False, True), timeout=120)
+    start = torch.as_tensor(res[0]["start"])
+    a0, a1 = (torch.as_tensor(r["after"]) for r in res)
+    s0, s1 = (torch.as_tensor(r["steps"]) for r in res)
+    assert torch.equal(a0[3], a1[3])
+    first = a0[1]
+    decoded = (start - first) / (0.7 * 1.9)
+    want = first + decoded - (s0.sum(0) + s1.sum(0)) / 2
+    torch.testing.assert_close(a0[3], want, rtol=0, atol=1e-5)
