@@ -60,6 +60,9 @@ Runs (dp=4, pp=1 unless the name says pp2):
                        windows of equal sum of lr^2 (short while the rate is high); -last<b>:
                        --diloco-final-compression fixpoint-<b>; Q6h / Q3h: the first runs'
                        hand-computed steps (33,54,77,103,140,300 / 54,103,300)
+  diloco-Q<K>-<codec>[-noef|-rim][-a<lr>][-avg][-last<b>]-dpadam   -a<lr>: --diloco-outer-lr
+                       (Nesterov 0.9 kept); -rim: --diloco-residual-in-model with
+                       --diloco-error-decay 0; -avg (with -rim): --diloco-final-average
 
     python bench/bench_dp_modes.py [--iters 300] [--runs allreduce,cocktail] [--replot]
     python bench/bench_dp_modes.py --warm-start 300 --out bench/results/warm --runs ...
@@ -302,6 +305,8 @@ RUNS = {
     # step of lr 1.2 over a 160-step window
     "diloco-Q6-fixpoint-1-rim-a1.2-avg-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6
     + RIM + outer_lr(1.2) + FINAL_AVG + LAST3 + DPADAM,                                # x1097
+    "diloco-Q4-fixpoint-2-rim-a1-avg-last3-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4
+    + RIM + outer_lr(1.0) + FINAL_AVG + LAST3 + DPADAM,                                # x1010
     "diloco-Q6-fixpoint-1-noef-a1.15-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF
     + outer_lr(1.15) + LAST3 + DPADAM,                                                  # x1097
     "diloco-Q8-fixpoint-1-rim-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + RIM + DPADAM,  # x1067

@@ -34,11 +34,13 @@ then every H steps after the last one; a sync's raw bytes count the steps since 
 The residual is added with weight beta (e_i <- beta e_i + Delta_i before the codec):
 --diloco-error-decay, 1 by default (0: no error feedback; the sharded exchange weighs its
 owners' server errors alike). With --diloco-residual-in-model the replica's residual stays in
-its weights instead (beta then weighs only the server errors): theta_i <- theta_g - e_i, so the replicas' mean keeps what the
-codec lost at phase 1 and the next pseudo-gradient carries it (theta_g - theta_i includes
-e_i); the sync after --train-iters leaves every replica on theta_g. SparseLoCo (--dp-mode
-sparseloco, sparseloco.py) is this class with beta = --sparseloco-error-decay, no outer
-momentum and a GatherExchange through the chunked top-k codec.
+its weights instead (beta then weighs only the server errors): theta_i <- theta_g - e_i, so
+the replicas' mean keeps what the codec lost at phase 1 and the next pseudo-gradient carries
+it (theta_g - theta_i includes e_i); the sync after --train-iters leaves every replica on
+theta_g, which --diloco-final-average makes the replicas' decoded mean (no outer momentum).
+SparseLoCo (--dp-mode sparseloco, sparseloco.py) is this class with beta =
+--sparseloco-error-decay, no outer momentum and a GatherExchange through the chunked top-k
+codec.
 """
 import time
 from typing import Dict, List, Optional
