@@ -62,7 +62,8 @@ Runs (dp=4, pp=1 unless the name says pp2):
                        hand-computed steps (33,54,77,103,140,300 / 54,103,300)
   diloco-Q<K>-<codec>[-noef|-rim][-a<lr>][-avg][-last<b>]-dpadam   -a<lr>: --diloco-outer-lr
                        (Nesterov 0.9 kept); -rim: --diloco-residual-in-model with
-                       --diloco-error-decay 0; -avg (with -rim): --diloco-final-average
+                       --diloco-error-decay 0 (-rimsef: 1, the owners' server errors fed
+                       back); -avg: --diloco-final-average
 
     python bench/bench_dp_modes.py [--iters 300] [--runs allreduce,cocktail] [--replot]
     python bench/bench_dp_modes.py --warm-start 300 --out bench/results/warm --runs ...
@@ -307,6 +308,9 @@ RUNS = {
     + RIM + outer_lr(1.2) + FINAL_AVG + LAST3 + DPADAM,                                # x1097
     "diloco-Q4-fixpoint-2-rim-a1-avg-last3-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4
     + RIM + outer_lr(1.0) + FINAL_AVG + LAST3 + DPADAM,                                # x1010
+    # ... and the owners' server errors fed back (beta 1, which -rimsef leaves to them)
+    "diloco-Q6-fixpoint-1-rimsef-a1-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6
+    + ["--diloco-residual-in-model"] + outer_lr(1.0) + LAST3 + DPADAM,                 # x1097
     "diloco-Q6-fixpoint-1-noef-a1.15-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF
     + outer_lr(1.15) + LAST3 + DPADAM,                                                  # x1097
     "diloco-Q8-fixpoint-1-rim-dpadam": diloco(38, "fixpoint-1") + SYNC_Q8 + RIM + DPADAM,  # x1067
