@@ -230,7 +230,6 @@ class DiLoCo(DiLoCoLoop):
             raise ConfigError(f"--diloco-error-decay {c.diloco_error_decay} weighs the residuals "
                               f"of a flat codec (fp16, int8, fixpoint-<bits>, cocktail); "
                               f"--diloco-compression {name} keeps none of its own: drop the flag")
-
         if c.dp_mode == "diloco" and c.diloco_residual_in_model and (
                 name in ("none", "fp16") or rank):
             raise ConfigError(f"--diloco-residual-in-model keeps a lossy flat codec's residual "
