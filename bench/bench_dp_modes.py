@@ -311,6 +311,8 @@ RUNS = {
     # ... and the owners' server errors fed back (beta 1, which -rimsef leaves to them)
     "diloco-Q6-fixpoint-1-rimsef-a1-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6
     + ["--diloco-residual-in-model"] + outer_lr(1.0) + LAST3 + DPADAM,                 # x1097
+    "diloco-Q4-fixpoint-2-rim-a1.2-avg-last3-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4
+    + RIM + outer_lr(1.2) + FINAL_AVG + LAST3 + DPADAM,                                # x1010
     "diloco-Q4-fixpoint-2-rim-a1-last3-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4
     + RIM + outer_lr(1.0) + LAST3 + DPADAM,                                            # x1010
     "diloco-Q6-fixpoint-1-noef-a1.15-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF
