@@ -33,3 +33,21 @@ def final_after_resume(make, model, gen, split, iters=12):
         drive(sync, model, gen, iters - split, start=split)
     sync.flush(model)
     return flatten(list(model.parameters()))
+
+
+def moves_then_syncs(sync, model, gen, iters):
+    """Per iteration a random move (0.1 randn, replica-local), then the sync hook: the flat
+    moves, the flat parameters after each hook and the dp bytes each hook counted."""
+    from megatron.cc.grad_sync.param_sync import flatten
+    moves, after, sent = [], [], []
+    for it in range(iters):
+        step = [0.1 * torch.randn(p.shape, generator=gen) for p in model.parameters()]
+        with torch.no_grad():
+            for p, d in zip(model.parameters(), step):
+                p.sub_(d)
+        moves.append(flatten(step))
+        sync.stats.reset()
+        sync.after_optimizer_step(model, it)
+        sent.append(sync.stats.snapshot().get("dp", {"sent": 0})["sent"])
+        after.append(flatten(list(model.parameters())).clone())
+    return torch.stack(moves), torch.stack(after), sent

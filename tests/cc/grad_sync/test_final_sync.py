@@ -12,6 +12,7 @@ it, the delivered model is exact too.
 import torch
 import torch.distributed as dist
 
+from tests.cc.grad_sync.inner_steps import moves_then_syncs
 from tests.distributed import by_value, run_distributed
 
 
@@ -37,21 +38,11 @@ def _worker(rank, world, lossless_exchange=False, final_average=False):
                       outer_momentum=outer[1], exchange=ex, final=(4, last), last_step=4,
                       final_average=final_average)
     sync(lin, 0)
-    steps, sent, after = [], [], []
-    for it in range(4):
-        step = [0.1 * torch.randn(p.shape, generator=gen) for p in lin.parameters()]
-        with torch.no_grad():
-            for p, d in zip(lin.parameters(), step):
-                p.sub_(d)
-        steps.append(flatten(step))
-        sync.stats.reset()
-        sync.after_optimizer_step(lin, it)
-        sent.append(sync.stats.snapshot().get("dp", {"sent": 0})["sent"])
-        after.append(flatten(list(lin.parameters())).clone())
+    steps, after, sent = moves_then_syncs(sync, lin, gen, 4)
     n = start.numel()
     want = [0, sharded_exchange_bytes(n, world, make_flat_codec("fixpoint-2")), 0,
             sharded_exchange_bytes(n, world, make_flat_codec("none")) if last else 4 * n]
-    return by_value({"start": start, "after": torch.stack(after), "steps": torch.stack(steps),
+    return by_value({"start": start, "after": after, "steps": steps,
                      "sent": sent, "want_sent": want})
 
 

@@ -15,6 +15,7 @@ errors, the exact last sync repays those too: the delivered model is again exact
 import torch
 import torch.distributed as dist
 
+from tests.cc.grad_sync.inner_steps import moves_then_syncs
 from tests.distributed import by_value, run_distributed
 
 
@@ -35,16 +36,8 @@ def _run(rank, keep: bool, server: bool = False):
                       outer_momentum=0.0, exchange=ex, error_decay=beta, final=(4, None),
                       last_step=4, residual_in_model=keep)
     sync(lin, 0)
-    steps, after = [], []
-    for it in range(4):
-        step = [0.1 * torch.randn(p.shape, generator=gen) for p in lin.parameters()]
-        with torch.no_grad():
-            for p, d in zip(lin.parameters(), step):
-                p.sub_(d)
-        steps.append(flatten(step))
-        sync.after_optimizer_step(lin, it)
-        after.append(flatten(list(lin.parameters())).clone())
-    return {"start": start, "after": torch.stack(after), "steps": torch.stack(steps)}
+    steps, after, _ = moves_then_syncs(sync, lin, gen, 4)
+    return {"start": start, "after": after, "steps": steps}
 
 
 def _worker(rank, world):
