@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from megatron.cc.config_fields import ConfigError, flag
 from megatron.cc.dp_modes.base import GRAD_BYTES, DpMode, segment_specs
 from megatron.cc.dp_modes.cocktail_sgd import flat_codec, sharded_exchange, sharded_exchange_bytes
-from megatron.cc.grad_sync.diloco import DiLoCoSync, split_fragments
+from megatron.cc.grad_sync.diloco import SAME, DiLoCoSync, split_fragments
 from megatron.cc.grad_sync.sync_schedule import parse_rule, shortest_window
 from megatron.cc.grad_sync.flat_codecs import parse_fixpoint_bits
 from megatron.cc.grad_sync.lowrank_exchange import (PowerSGDExchange, parse_powersgd_rank,
@@ -247,17 +247,16 @@ class DiLoCo(DiLoCoLoop):
         else:
             exchange = sharded_exchange(c, group, c.diloco_compression, run.seed,
                                         c.diloco_error_decay)
-        final = None
+        final = SAME
         if c.diloco_final_compression:   # its own exchange: its own server errors and rng
-            final = (run.train_iters, None if c.diloco_final_compression == "none" else
-                     sharded_exchange(c, group, c.diloco_final_compression, run.seed,
-                                      c.diloco_error_decay))
+            final = None if c.diloco_final_compression == "none" else \
+                sharded_exchange(c, group, c.diloco_final_compression, run.seed,
+                                 c.diloco_error_decay)
         return DiLoCoSync(topo.dp_group, stats, c.diloco_inner_steps, c.diloco_outer_lr,
                           c.diloco_outer_momentum, exchange, c.diloco_fragments,
                           c.diloco_sync_delay, reduce_group=group,
                           error_decay=c.diloco_error_decay,
                           capture_dir=DiLoCoLoop.capture_dir(c),
-                          sync_steps=DiLoCoLoop.sync_steps(c), final=final,
-                          last_step=run.train_iters,
+                          sync_steps=DiLoCoLoop.sync_steps(c), last_step=run.train_iters,
                           residual_in_model=c.diloco_residual_in_model,
-                          final_average=c.diloco_final_average)
+                          final=final, final_average=c.diloco_final_average)

@@ -56,6 +56,8 @@ from megatron.cc.grad_sync.pseudo_grad_capture import save_pseudo_gradient
 from megatron.cc.grad_sync.sync_schedule import previous_sync, scheduled, shortest_window
 from megatron.cc.stats import ChannelStats
 
+SAME = object()   # DiLoCoSync(final=...): the last sync goes through the usual exchange
+
 
 def split_fragments(segments: Dict[str, List[torch.Tensor]], fragments: int) -> List[List]:
     """F lists of parameters of about equal size, in model order; the embedding in the first."""
@@ -89,14 +91,12 @@ class DiLoCoSync(SyncChannel):
             --diloco-capture-dir), or None.
         sync_steps: increasing inner steps to sync after, then every H (--diloco-sync-steps;
             F = 1, sync_delay below the shortest window); () syncs every H.
-        final: (step, exchange) for the sync after inner step `step`, the run's last
-            (--diloco-final-compression): that exchange instead (None: exact, with every
-            pending error repaid: the replica's residual and the owners' server errors; a
-            lossy one takes over the owners' pending server errors and repays them through
-            its codec);
-            None: every sync through `exchange`.
         last_step: the run's last inner step (--train-iters; 0: unknown), whose sync the next
-            two treat apart.
+            three treat apart.
+        final: the exchange of that last sync (--diloco-final-compression): None is exact,
+            with every pending error repaid (the replica's residual and the owners' server
+            errors); a lossy one takes over the owners' pending server errors and repays them
+            through its codec. SAME (the default): `exchange`, as every other sync.
         residual_in_model: after every sync but the last, each replica restarts from theta_g
             minus its own codec residual (--diloco-residual-in-model; error_decay then weighs
             only the owners' server errors).
@@ -107,7 +107,7 @@ class DiLoCoSync(SyncChannel):
     def __init__(self, group, stats: ChannelStats, inner_steps: int = 100,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, exchange=None,
                  fragments: int = 1, sync_delay: int = 0, reduce_group=None,
-                 error_decay: float = 1.0, capture_dir=None, sync_steps=(), final=None,
+                 error_decay: float = 1.0, capture_dir=None, sync_steps=(), final=SAME,
                  last_step: int = 0, residual_in_model: bool = False,
                  final_average: bool = False):
         if inner_steps < 1 or fragments < 1 or inner_steps % fragments:
@@ -211,8 +211,8 @@ class DiLoCoSync(SyncChannel):
             save_pseudo_gradient(self.capture_dir, delta, job["shapes"], job["iteration"] + 1, f,
                                  dist.get_rank(), dist.get_rank(self.group), self.world)
         exchange = self.exchange
-        if self.final is not None and job.get("step") == self.final[0]:
-            exchange = self.final[1]
+        if self.final is not SAME and self._last(job):
+            exchange = self.final
             if exchange is None:   # exact: every pending error repaid now
                 if self.residual[f] is not None and self.decay:
                     delta.add_(self.residual[f], alpha=self.decay)
@@ -248,12 +248,16 @@ class DiLoCoSync(SyncChannel):
         job, self._inflight = self._inflight, None
         self._apply(job, frags[job["f"]])
 
+    def _last(self, job: dict) -> bool:
+        """Is `job` the run's last sync (after --train-iters)?"""
+        return bool(self.last_step) and job.get("step") == self.last_step
+
     def _apply(self, job: dict, params: List[torch.Tensor]) -> None:
         """Outer Nesterov step on theta_g; the replica restarts from it, keeping whatever it
         learned since the snapshot (the tau overlapped steps; nothing when tau = 0)."""
         f, delta = job["f"], job["mean"]
         g = self.global_copy[f]
-        last = bool(self.last_step) and job.get("step") == self.last_step
+        last = self._last(job)
         if last and self.final_average:   # the replicas' mean, no extrapolation
             g.sub_(delta)
         elif self.mu:

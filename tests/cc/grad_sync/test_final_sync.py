@@ -35,7 +35,7 @@ def _worker(rank, world, lossless_exchange=False, final_average=False):
         last = ShardedExchange(dist.group.WORLD, make_flat_codec("none"), make_flat_codec("none"))
     outer = (0.7, 0.9) if final_average else (1.0, 0.0)
     sync = DiLoCoSync(dist.group.WORLD, ChannelStats(), inner_steps=2, outer_lr=outer[0],
-                      outer_momentum=outer[1], exchange=ex, final=(4, last), last_step=4,
+                      outer_momentum=outer[1], exchange=ex, final=last, last_step=4,
                       final_average=final_average)
     sync(lin, 0)
     steps, after, sent = moves_then_syncs(sync, lin, gen, 4)

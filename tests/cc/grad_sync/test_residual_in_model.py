@@ -33,7 +33,7 @@ def _run(rank, keep: bool, server: bool = False):
     ex = ShardedExchange(dist.group.WORLD, make_flat_codec("fixpoint-2"),
                          make_flat_codec("fixpoint-2" if server else "none"), error_decay=beta)
     sync = DiLoCoSync(dist.group.WORLD, ChannelStats(), inner_steps=2, outer_lr=1.0,
-                      outer_momentum=0.0, exchange=ex, error_decay=beta, final=(4, None),
+                      outer_momentum=0.0, exchange=ex, error_decay=beta, final=None,
                       last_step=4, residual_in_model=keep)
     sync(lin, 0)
     steps, after, _ = moves_then_syncs(sync, lin, gen, 4)
