@@ -18,6 +18,13 @@ written (its Megatron model flags are checked against the checkpoint, not needed
   --save DIR   the checkpoint at (--target-tensor-model-parallel-size,
                --target-pipeline-model-parallel-size), default (1, 1): Megatron's layout, which
                pretrain_gpt.py --load and every tool here read
+  --legacy-layout
+               --save writes the (1, 1) checkpoint in legacy Megatron-LM's nested layout
+               instead (Optimus-CC's own: model -> language_model -> embedding / encoder,
+               checkpoint_version 3.0), weights only, with config.json and the tokenizer files
+               in DIR/iter_N/mp_rank_00/: the seed's next step, transformers 4.x's
+               convert_megatron_gpt2_checkpoint.py, reads it as it reads the seed's merge
+               (tools/checkpoint/legacy_megatron.py; docs/seed_commands.md)
   -o DIR       the same model as a Hugging Face GPT2LMHeadModel directory (where the seed writes
                FasterTransformer weights, then converts to Hugging Face with transformers'
                convert_megatron_gpt2_checkpoint.py): lm-evaluation-harness loads it directly
@@ -35,7 +42,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tools.checkpoint.common import add_tokenizer_flags, fail  # noqa: E402
-from tools.checkpoint.errors import CheckpointError  # noqa: E402
+from tools.checkpoint.errors import CheckpointError, ConversionError  # noqa: E402
 
 # Megatron model flags of the README command -> the key the checkpoint's args store them under
 MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
@@ -55,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "directory, e.g. RUN/iter_0300000/ (default: the latest of --load).")
     p.add_argument("--save", default=None, help="Write the converted Megatron-layout "
                    "checkpoint here.")
+    p.add_argument("--legacy-layout", action="store_true", help="--save writes the merged "
+                   "(1, 1) checkpoint in legacy Megatron-LM's nested layout, for transformers "
+                   "4.x's convert_megatron_gpt2_checkpoint.py (weights only; config.json and "
+                   "tokenizer files beside it).")
     p.add_argument("-o", "--saved-dir", dest="saved_dir", default=None, help="Write a "
                    "Hugging Face GPT-2 directory here.")
     p.add_argument("--tensor-model-parallel-size", type=int, default=None, help="Layout the "
@@ -133,6 +144,8 @@ def main(argv=None) -> int:
         if a.save is None and a.saved_dir is None:
             raise CheckpointError("nothing to write: give --save DIR (Megatron layout) and/or "
                                   "-o DIR (Hugging Face)")
+        if a.legacy_layout and a.save is None:
+            raise CheckpointError("--legacy-layout is the layout of --save: give --save DIR")
         from tools.checkpoint.export_hf import export
         from tools.checkpoint.layout import read_checkpoint
         from tools.checkpoint.reshard import reshard
@@ -141,13 +154,15 @@ def main(argv=None) -> int:
         if a.save is not None:
             out = reshard(root, a.save, a.target_tensor_model_parallel_size,
                           a.target_pipeline_model_parallel_size, iteration,
-                          progress=not a.no_progress, tokenizer_flags=a)
-            print(f"wrote {out} (tp={a.target_tensor_model_parallel_size} "
+                          progress=not a.no_progress, tokenizer_flags=a,
+                          legacy=a.legacy_layout)
+            print(f"wrote {out} (legacy Megatron-LM layout)" if a.legacy_layout else
+                  f"wrote {out} (tp={a.target_tensor_model_parallel_size} "
                   f"pp={a.target_pipeline_model_parallel_size})")
         if a.saved_dir is not None:
             out = export(root, a.saved_dir, a, iteration, progress=not a.no_progress)
             print(f"wrote Hugging Face GPT-2 to {out}")
-    except (CheckpointError, ValueError) as e:
+    except (CheckpointError, ConversionError, ValueError) as e:
         return fail(str(e))
     print(f"done in {time.time() - t0:.1f}s")
     return 0
