@@ -1,7 +1,8 @@
 """Checkpoint files: written atomically with a checksum, read without running their pickle.
 
     write_file(obj, path)        path.tmp -> fsync -> os.replace; then path.sha256 ("<hex> <bytes>")
-    verify_file(path)            None if path matches its .sha256, else a message naming it
+    verify_file(path)            None if path matches its .sha256 (without one: its zip CRCs),
+                                 else a message naming it
     safe_load(path, trust)       torch.load(weights_only=True) with SAFE_GLOBALS allowed
 
 A checkpoint holds tensors and plain Python data only, so `weights_only=True` reads it. A file
@@ -12,6 +13,7 @@ import argparse
 import hashlib
 import os
 import pickle
+import zipfile
 from typing import Optional
 
 import numpy as np
@@ -91,13 +93,15 @@ def file_digest(path: str) -> str:
 def verify_file(path: str) -> Optional[str]:
     """None when `path` exists and matches its recorded checksum, else why not (naming it).
 
-    A file without a .sha256 (written before checksums existed) passes: nothing to check.
+    A file without a .sha256 (written before checksums existed, or by Megatron-LM) is checked
+    against the CRCs of its zip archive instead, so that a truncated or damaged copy is
+    refused here, by name, rather than by torch.load's nameless zip error.
     """
     if not os.path.isfile(path):
         return f"{path} is missing"
     sidecar = path + DIGEST_SUFFIX
     if not os.path.isfile(sidecar):
-        return None
+        return verify_archive(path)
     try:
         want, size = open(sidecar).read().split()
         size = int(size)
@@ -111,13 +115,44 @@ def verify_file(path: str) -> Optional[str]:
     return None
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def verify_archive(path: str) -> Optional[str]:
+    """None when `path`, a torch.save zip archive, is complete and every member matches its
+    CRC, else why not. A file that is not a zip archive (torch's legacy format) passes."""
+    with open(path, "rb") as f:
+        if f.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+            return None
+    size = os.path.getsize(path)
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError):
+        return (f"{path} is corrupt or truncated: {size} bytes, not a complete zip archive "
+                f"(no {os.path.basename(path)}{DIGEST_SUFFIX} to compare against)")
+    if bad is not None:
+        return (f"{path} is corrupt: its member {bad} fails its CRC check (no "
+                f"{os.path.basename(path)}{DIGEST_SUFFIX} to compare against)")
+    return None
+
+
 def safe_load(path: str, trust: bool = False):
     """torch.load on CPU; without `trust`, only tensors, plain data and SAFE_GLOBALS."""
-    if trust:
-        return torch.load(path, map_location="cpu", weights_only=False)
     try:
+        if trust:
+            return torch.load(path, map_location="cpu", weights_only=False)
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location="cpu", weights_only=True)
+    except (EOFError, OSError, RuntimeError) as e:
+        # what torch raises on a damaged archive (which of them depends on where it is cut)
+        if (isinstance(e, RuntimeError) and "PytorchStreamReader" not in str(e)
+                or isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError))):
+            raise
+        first = str(e).splitlines()[0][:200] if str(e) else ""
+        raise CheckpointLoadError(   # torch's own message names no file
+            f"{path} is corrupt or truncated and cannot be loaded "
+            f"({type(e).__name__}: {first})") from None
     except pickle.UnpicklingError as e:
         lines = [l for l in str(e).splitlines() if "GLOBAL" in l or "Unsupported" in l]
         reason = lines[0].strip() if lines else type(e).__name__
