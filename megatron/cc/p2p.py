@@ -24,6 +24,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from megatron.cc.compat import all_gather_single
 from megatron.cc.stats import ChannelStats, nbytes
 from megatron.cc.transport import P2PTransport
 
@@ -141,7 +142,7 @@ class ScatterGather:
             # gloo gathers CUDA tensors into a list only; the chunks are views of `out`
             dist.all_gather(list(out.chunk(self.size)), part.contiguous(), group=self.group)
         else:
-            dist.all_gather_into_tensor(out, part.contiguous(), group=self.group)
+            all_gather_single(out, part.contiguous(), group=self.group)
         return out
 
 

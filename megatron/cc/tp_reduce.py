@@ -39,6 +39,7 @@ from typing import Dict, Optional
 import torch
 import torch.distributed as dist
 
+from megatron.cc.compat import all_gather_single, reduce_scatter_single
 from megatron.cc.compress.lowrank import orthogonalize_
 from megatron.cc.stats import ChannelStats
 
@@ -93,7 +94,7 @@ class TensorParallelReduce:
         rank, size = self._rank_size()
         out = torch.empty((x.shape[0] * size,) + tuple(x.shape[1:]), dtype=x.dtype,
                           device=x.device)
-        dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
+        all_gather_single(out, x.contiguous(), group=self.group)
         full = out.numel() * out.element_size()
         self.stats.add("tp", gathered_bytes(full), gathered_bytes(full))
         return out
@@ -126,7 +127,7 @@ class TensorParallelReduce:
                 rank, size = self._rank_size()
                 out = torch.empty((x.shape[0] // size,) + tuple(x.shape[1:]), dtype=x.dtype,
                                   device=x.device)
-                dist.reduce_scatter_tensor(out, x, group=self.group)
+                reduce_scatter_single(out, x, group=self.group)
                 x = out
             else:
                 dist.all_reduce(x, group=self.group)

@@ -19,6 +19,7 @@ import torch
 
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
+from megatron.cc.compat import transformer_config_kwargs
 from megatron.cc.grad_sync.sync import unwrap
 from megatron.training import architecture, subspace
 from megatron.training.attention import default_impl, layer_spec
@@ -49,7 +50,8 @@ def transformer_config(args) -> TransformerConfig:
         # Partial micro-batch pipelining is not used: our schedule sends whole tensors.
         variable_seq_lengths=False, deallocate_pipeline_outputs=False,
         **(args.recompute.transformer_config_kwargs() if getattr(args, "recompute", None)
-           else {}))
+           else {}),
+        **transformer_config_kwargs())
 
 
 def _vp(args) -> int:

@@ -17,7 +17,8 @@ from tests.training import runner
 
 COLLECTIVES = ["all_reduce", "all_gather", "all_gather_into_tensor", "all_to_all_single",
                "all_to_all", "broadcast", "reduce_scatter", "reduce_scatter_tensor", "barrier",
-               "all_gather_object", "broadcast_object_list", "send", "recv", "isend", "irecv"]
+               "all_gather_object", "broadcast_object_list", "send", "recv", "isend", "irecv",
+               "all_gather_single", "reduce_scatter_single"]
 MODES = {
     "cocktail_sgd overlap": {"dp-mode": "cocktail_sgd", "cocktail-warmup-steps": 1},
     "diloco sync delay": {"dp-mode": "diloco", "diloco-inner-steps": 2,
@@ -37,7 +38,7 @@ def _record(calls):
                           id(group if group is not None else dist.group.WORLD), name))
             return fn(*args, **kwargs)
         return recorded
-    originals = {n: getattr(dist, n) for n in COLLECTIVES}
+    originals = {n: getattr(dist, n) for n in COLLECTIVES if hasattr(dist, n)}
     for n, fn in originals.items():
         setattr(dist, n, wrap(n, fn))
     batch = dist.batch_isend_irecv

@@ -540,6 +540,10 @@ class _Collectives:
         self._reduce(output, op, group)
         return _Done() if async_op else None
 
+    # torch 2.13's names for the two above (the old names call them)
+    all_gather_single = all_gather_into_tensor
+    reduce_scatter_single = reduce_scatter_tensor
+
     def broadcast(self, tensor, src=None, group=None, async_op=False, group_src=None):
         self._check("broadcast", [tensor], group)
         return _Done() if async_op else None
@@ -599,7 +603,8 @@ class _Collectives:
              "broadcast", "all_to_all_single", "barrier", "monitored_barrier", "isend",
              "irecv", "send", "recv", "batch_isend_irecv", "all_gather_object",
              "broadcast_object_list", "_coalescing_manager", "get_backend", "get_world_size",
-             "get_rank", "get_process_group_ranks", "new_group", "init_process_group")
+             "get_rank", "get_process_group_ranks", "new_group", "init_process_group") + \
+        tuple(n for n in ("all_gather_single", "reduce_scatter_single") if hasattr(dist, n))
 
 
 FakeGroup._collectives = None   # set while a FakeGPU is active

@@ -77,7 +77,9 @@ def _counting_collectives():
     size = lambda t: t.numel() * t.element_size()   # noqa: E731
     patches = [(dist, "all_reduce", lambda t, *a: size(t)),
                (dist, "all_gather_into_tensor", lambda out, inp, *a: size(out) // 2),
-               (dist, "reduce_scatter_tensor", lambda out, inp, *a: size(inp) // 2)]
+               (dist, "reduce_scatter_tensor", lambda out, inp, *a: size(inp) // 2),
+               (dist, "all_gather_single", lambda out, inp, *a: size(out) // 2),
+               (dist, "reduce_scatter_single", lambda out, inp, *a: size(inp) // 2)]
     for mod in (layers, mappings):
         patches += [(mod, "dist_all_gather_func", lambda out, inp, *a: size(out) // 2),
                     (mod, "dist_reduce_scatter_func", lambda out, inp, *a: size(inp) // 2)]
