@@ -65,3 +65,21 @@ def test_wrong_readme_flags_are_refused(ckpts, tiny_corpus, tmp_path, capsys, ov
     assert ckpt_convert.main(argv) == 2
     assert fragment in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "s")
+
+
+def test_readme_command_with_legacy_layout(ckpts, tiny_corpus, converted, tmp_path):
+    """--legacy-layout on the trained checkpoint: the file loads weights-only, and the GPT-2
+    its tensors make (as transformers 4.x's converter makes it) gives -o's logits."""
+    import torch
+    from tests.tools.checkpoint.test_legacy_layout import gpt2_from_legacy, logits
+    save = str(tmp_path / "legacy")
+    argv = _readme_argv(tiny_corpus, ckpts["ck22"], 6, save, str(tmp_path / "hf"))
+    assert ckpt_convert.main(argv + ["--legacy-layout"]) == 0
+    sd = torch.load(os.path.join(save, "iter_0000006", "mp_rank_00", "model_optim_rng.pt"),
+                    map_location="cpu", weights_only=True)
+    assert (sd["checkpoint_version"], sd["iteration"], sd["args"].padded_vocab_size) == \
+        (3.0, 6, 1024)
+    tokens = _tokens()
+    diff = (logits(gpt2_from_legacy(sd), tokens) - logits(converted["out"], tokens)).abs().max()
+    print(f"\nmax |logit diff| legacy layout vs Hugging Face export: {diff:.3e}")
+    assert diff == 0
