@@ -14,7 +14,8 @@ from typing import List, Optional
 
 from megatron.cc.plan.shapes import default_ffn_hidden_size, padded_vocab_size
 from megatron.training.auto_flags import validate_auto_args
-from megatron.training.config_flags import ConfigError, add_dataclass_flags, flag, from_namespace
+from megatron.training.config_flags import (ConfigError, FlagParser, add_dataclass_flags, flag,
+                                            from_namespace)
 from megatron.training.seed_flags import (CompatArgs, RecomputeArgs, resolve_sample_based,
                                           validate_seed_flags)
 from megatron.training.device_args import GpuArgs, validate_gpu_args
@@ -476,8 +477,8 @@ class Args:
 
 def build_parser() -> argparse.ArgumentParser:
     from megatron.cc.config import CompressionConfig
-    parser = argparse.ArgumentParser(description="Megatron-style GPT pretraining with "
-                                     "communication compression", allow_abbrev=False)
+    parser = FlagParser(description="Megatron-style GPT pretraining with communication "
+                                    "compression", allow_abbrev=False)
     for _, cls, title in GROUPS:
         add_dataclass_flags(parser, cls, title)
     add_dataclass_flags(parser, CompressionConfig, "communication compression")

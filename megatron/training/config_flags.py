@@ -7,9 +7,44 @@ Optimus-CC's underscore flags run unchanged. Extra spellings go in metadata["ali
 """
 import argparse
 import dataclasses
+import difflib
 import typing
 
 from megatron.cc.config_fields import ConfigError, flag  # noqa: F401  (re-exported)
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse whose errors are the error line and a hint (the closest flag or choice), not
+    the usage of every flag first, which buries the one useful line. Exit status 2, as
+    argparse's."""
+
+    def error(self, message: str, hint: str = ""):
+        self.exit(2, f"{self.prog}: error: {message}\n{hint}see {self.prog} --help\n")
+
+    def parse_args(self, args=None, namespace=None):
+        ns, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            flags = [a.split("=", 1)[0] for a in unknown if a.startswith("-")]
+            near = [(f, self.closest(f, self._option_string_actions)) for f in flags]
+            hints = [f"{m}" + (f" (for {f})" if len(flags) > 1 else "") for f, m in near if m]
+            self.error(f"unrecognized arguments: {' '.join(unknown)}",
+                       f"did you mean {', '.join(hints)}? " if hints else "")
+        return ns
+
+    def _check_value(self, action, value):
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as e:
+            near = self.closest(str(value), [str(c) for c in action.choices or ()])
+            if near is None:
+                raise
+            raise argparse.ArgumentError(action, f"{e.message}; did you mean {near!r}?") \
+                from None
+
+    @staticmethod
+    def closest(word: str, candidates):
+        found = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+        return found[0] if found else None
 
 
 def _base_type(annotation):
