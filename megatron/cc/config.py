@@ -50,7 +50,7 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
                "row-parallel layers (attention and MLP output projections); lossy. Needs "
                "--tensor-model-parallel-size > 1.")
     mp_acti_comp_rank: int = flag(16, "Rank r of --mp-acti-comp's P (tokens x r) and Q "
-                                     "(hidden x r).")
+                                     "(hidden x r).", low=1)
     mp_acti_comp_warm_up: float = flag(
         0.0, "Fraction of --train-iters (from the start) whose forward tp sums are exact; "
              "in [0, 1).")
@@ -60,7 +60,7 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
         False, "PowerSGD (warm-started Q, no error feedback) on the backward all-reduce of the "
                "column-parallel layers' input gradients (QKV, MLP input, output layer); lossy. "
                "Needs --tensor-model-parallel-size > 1.")
-    mp_grad_comp_rank: int = flag(16, "Rank r of --mp-grad-comp's factors.")
+    mp_grad_comp_rank: int = flag(16, "Rank r of --mp-grad-comp's factors.", low=1)
     mp_grad_comp_warm_up: float = flag(
         0.0, "Fraction of --train-iters (from the start) whose backward tp sums are exact; "
              "in [0, 1).")
@@ -93,8 +93,6 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
                 raise ConfigError(f"--mp-{what}-comp compresses the tensor-parallel "
                                   f"all-reduces; with --tensor-model-parallel-size 1 there are "
                                   f"none (raise it, or drop --mp-{what}-comp)")
-            if getattr(self, f"mp_{what}_comp_rank") < 1:
-                raise ConfigError(f"--mp-{what}-comp-rank must be >= 1")
             if not 0.0 <= getattr(self, f"mp_{what}_comp_warm_up") < 1.0:
                 raise ConfigError(f"--mp-{what}-comp-warm-up is a fraction of --train-iters in "
                                   f"[0, 1)")

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
+from megatron.cc.config_fields import check_bounds
 from megatron.cc.plan.shapes import default_ffn_hidden_size, padded_vocab_size
 from megatron.training.auto_flags import validate_auto_args
 from megatron.training.config_flags import (ConfigError, FlagParser, add_dataclass_flags, flag,
@@ -75,6 +76,9 @@ class ParallelArgs:
                 f"({tp}) x --pipeline-model-parallel-size ({pp}) = {tp * pp}; launch a multiple "
                 f"of {tp * pp} processes or change the parallel sizes")
 
+        if not self.distributed_timeout_minutes > 0:
+            raise ConfigError(f"--distributed-timeout-minutes must be > 0, got "
+                              f"{self.distributed_timeout_minutes}")
         if self.ddp_bucket_size is not None and self.ddp_bucket_size < 1:
             raise ConfigError(f"--ddp-bucket-size must be >= 1 element, got {self.ddp_bucket_size}")
         if self.ddp_bucket_size is not None and not self.overlap_grad_reduce:
@@ -132,21 +136,22 @@ class ParallelArgs:
 
 @dataclass
 class ModelArgs:
-    num_layers: int = flag(4, "Number of transformer layers.")
-    hidden_size: int = flag(64, "Transformer hidden size.")
-    num_attention_heads: int = flag(4, "Number of attention heads.")
-    ffn_hidden_size: Optional[int] = flag(None, "MLP hidden size; default 4 x --hidden-size.")
-    seq_length: int = flag(128, "Sequence length of each training sample.")
+    num_layers: int = flag(4, "Number of transformer layers.", low=1)
+    hidden_size: int = flag(64, "Transformer hidden size.", low=1)
+    num_attention_heads: int = flag(4, "Number of attention heads.", low=1)
+    ffn_hidden_size: Optional[int] = flag(None, "MLP hidden size; default 4 x --hidden-size.",
+                                          low=1)
+    seq_length: int = flag(128, "Sequence length of each training sample.", low=1)
     max_position_embeddings: Optional[int] = flag(
-        None, "Number of learned position embeddings; default --seq-length.")
+        None, "Number of learned position embeddings; default --seq-length.", low=1)
     attention_dropout: float = flag(0.1, "Dropout probability in attention.")
     hidden_dropout: float = flag(0.1, "Dropout probability on hidden states.")
     untie_embeddings_and_output_weights: bool = flag(
         False, "Separate output layer instead of reusing the word embedding (not GPT-2 shaped).")
     make_vocab_size_divisible_by: int = flag(
-        128, "Pad the vocabulary to a multiple of this times TP (Megatron's rule).")
+        128, "Pad the vocabulary to a multiple of this times TP (Megatron's rule).", low=1)
     openai_gelu: bool = flag(False, "tanh-approximated GeLU, as OpenAI's GPT-2 (HF 'gelu_new').")
-    init_method_std: float = flag(0.02, "Std of the normal weight initialisation.")
+    init_method_std: float = flag(0.02, "Std of the normal weight initialisation.", low=0)
     layernorm_epsilon: float = flag(1e-5, "LayerNorm / RMSNorm epsilon.",
                                     aliases=["--norm-epsilon"])
     bf16: bool = flag(False, "bfloat16 mixed precision (GPU).")
@@ -261,7 +266,8 @@ class TrainingArgs:
     adam_beta1: float = flag(0.9, "Adam beta1.")
     adam_beta2: float = flag(0.999, "Adam beta2.")
     adam_eps: float = flag(1e-8, "Adam epsilon.")
-    seed: int = flag(1234, "Random seed. Initial weights depend on it alone, not on the split.")
+    seed: int = flag(1234, "Random seed. Initial weights depend on it alone, not on the split.",
+                     low=0, high=2**32 - 1)
     optimizer: str = flag("adam", "Optimizer (AdamW, or SGD with --sgd-momentum).",
                           choices=["adam", "sgd"])
     sgd_momentum: float = flag(0.9, "Momentum of --optimizer sgd.")
@@ -397,9 +403,9 @@ class CheckpointArgs:
 
 @dataclass
 class LoggingArgs:
-    log_interval: int = flag(10, "Iterations between log lines.")
+    log_interval: int = flag(10, "Iterations between log lines.", low=1)
     eval_interval: int = flag(1000, "Iterations between validation runs.")
-    eval_iters: int = flag(10, "Validation iterations per evaluation.")
+    eval_iters: int = flag(10, "Validation iterations per evaluation (0: none).", low=0)
     tensorboard_dir: Optional[str] = flag(None, "Write TensorBoard scalars here.")
     experiment_name: Optional[str] = flag(
         None, "Names the run: its log lines go to <--tensorboard-dir or runs>/NAME/log.txt and "
@@ -499,6 +505,10 @@ def parse_args(argv=None, world_size: Optional[int] = None) -> Args:
 
 
 def validate_args(args: Args) -> None:
+    """Every check that the flags and the world size decide. All of it is cheap (no
+    megatron-core import, no process group), so every rank refuses a bad flag in parse_args."""
+    for group in [getattr(args, name) for name, _, _ in GROUPS] + [args.compression]:
+        check_bounds(group)   # each field's declared low / high first: later checks divide
     args.parallel.validate(args.world_size)
     args.parallel.resolve_virtual(args.model.num_layers)
     validate_seed_flags(args)
@@ -512,9 +522,10 @@ def validate_args(args: Args) -> None:
     args.training.validate(args.dp)
     args.parallel.validate_virtual(args.model.num_layers, args.num_microbatches)
     validate_interleaving(args)
+    validate_activation_cache(args)
     args.data.validate()
-    from megatron.training import subspace
-    subspace.validate(args)   # before the generic pipeline checks: names its own fixes
+    from megatron.training import subspace_flags
+    subspace_flags.validate(args)   # before the generic pipeline checks: names its own fixes
     resolve_sync_rule(args)
     args.compression.validate(pp=args.pp, dp=args.dp, tp=args.tp)
     validate_final_sync(args)
@@ -549,11 +560,11 @@ def resolve_sync_rule(args: Args) -> None:
     """--diloco-sync-steps lr<p>:<K> -> the K sync steps of equal sum of lr^p under this run's
     learning-rate schedule (megatron-core's scheduler, as training steps it)."""
     from megatron.cc.grad_sync.sync_schedule import equal_lr_windows, parse_rule
-    from megatron.training.lr_schedule import lr_per_iteration
     c = args.compression
     rule = parse_rule(c.diloco_sync_steps)
     if rule is None:
         return
+    from megatron.training.lr_schedule import lr_per_iteration   # megatron-core: seconds
     power, syncs = rule
     iters = args.training.train_iters
     if not power > 0 or not 1 <= syncs <= iters:
@@ -577,6 +588,16 @@ def validate_final_sync(args: Args) -> None:
         raise ConfigError(f"{what} of the sync after the last iteration, but none falls after "
                           f"--train-iters {iters}: make it a multiple of --diloco-inner-steps "
                           f"or the last of --diloco-sync-steps")
+
+
+def validate_activation_cache(args: Args) -> None:
+    """A --max-activation-cache-size given below one micro-batch (the default size depends on
+    the data and is checked when the caches are built, pipeline_codecs.cache_capacity)."""
+    c, mbs = args.compression, args.training.micro_batch_size
+    n = c.max_activation_cache_size
+    if c.activation_cache and n is not None and n < mbs:
+        raise ConfigError(f"--max-activation-cache-size {n} is smaller than one micro-batch "
+                          f"(--micro-batch-size {mbs})")
 
 
 def validate_sequence_parallel(args: Args) -> None:
