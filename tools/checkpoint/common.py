@@ -73,6 +73,7 @@ def set_offline() -> None:
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 
-def fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr, flush=True)
+def fail(msg: str, prog: Optional[str] = None) -> int:
+    """Print one `[prog: ]error: msg` line on stderr; returns the exit status 2."""
+    print(f"{prog + ': ' if prog else ''}error: {msg}", file=sys.stderr, flush=True)
     return 2
