@@ -6,9 +6,10 @@ padded to 1024) imported at (2, 2), so the original tensors are known. Always ch
 file key by key under torch.load(weights_only=True), the QKV order the converter assumes for
 checkpoint_version 3.0 (re-implemented here), and that a GPT2LMHeadModel built from the file
 gives the logits of export_hf.py's directory. Transformers' own converter runs when a 4.x
-release that ships it (4.47.1 is the last) is importable: set MEGATRON_CC_TRANSFORMERS4 to a
+release that ships it (4.47.1 is the last) is importable, or MEGATRON_CC_TRANSFORMERS4 names
+either the script file of a 4.x source (run with this interpreter's transformers) or a
 directory made by `pip install --target DIR --no-deps 'transformers==4.47.1'
-'tokenizers>=0.21,<0.22' 'huggingface_hub>=0.24,<1.0'`, or install such a release.
+'tokenizers>=0.21,<0.22' 'huggingface_hub>=0.24,<1.0'`.
 """
 import importlib.util
 import os
@@ -84,17 +85,20 @@ def _tokens():
     return torch.randint(0, 1000, (2, 24), generator=torch.Generator().manual_seed(3))
 
 
-def transformers4_pythonpath():
-    """'' when this interpreter's transformers ships the converter, a directory to put first
-    on PYTHONPATH when MEGATRON_CC_TRANSFORMERS4 names one that does, else None."""
+def converter_command():
+    """The command that runs transformers 4.x's converter and the PYTHONPATH entry it needs
+    ('' for none), or None when there is none here (see the module docstring)."""
     try:
         if importlib.util.find_spec(CONVERTER) is not None:
-            return ""
+            return [sys.executable, "-m", CONVERTER], ""
     except ImportError:
         pass
-    d = os.environ.get(TF4_ENV)
-    script = os.path.join(d or "", *CONVERTER.split(".")) + ".py"
-    return d if d and os.path.isfile(script) else None
+    given = os.environ.get(TF4_ENV)
+    if given and os.path.isfile(given) and given.endswith(".py"):
+        return [sys.executable, given], ""
+    if given and os.path.isfile(os.path.join(given, *CONVERTER.split(".")) + ".py"):
+        return [sys.executable, "-m", CONVERTER], given
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -169,17 +173,17 @@ def test_gpt2_built_from_the_file_gives_the_exported_logits(legacy, hf_gpt2):
 
 
 def test_transformers4_converter_gives_the_exported_model(legacy, tmp_path):
-    pythonpath = transformers4_pythonpath()
-    if pythonpath is None:
+    found = converter_command()
+    if found is None:
         pytest.skip(f"no transformers 4.x with {CONVERTER} (set {TF4_ENV}; see the docstring)")
+    command, pythonpath = found
     shard = str(tmp_path / "mp_rank_00")
     shutil.copytree(legacy["shard"], shard)   # the converter writes next to its input
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
-    r = subprocess.run([sys.executable, "-m", CONVERTER, "--config_file",
-                        os.path.join(shard, "config.json"),
-                        os.path.join(shard, "model_optim_rng.pt")],
+    r = subprocess.run(command + ["--config_file", os.path.join(shard, "config.json"),
+                                  os.path.join(shard, "model_optim_rng.pt")],
                        env=env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     assert os.path.isfile(os.path.join(shard, "pytorch_model.bin"))
