@@ -16,6 +16,8 @@ Two subcommands over the cost model of megatron/cc/plan:
         --cluster cluster.yaml --quality-budget 2 --plot step_time.png
     python tools/plan_compression.py plan --model llama/config.json --seq-length 4096 \\
         --global-batch-size 1024 --cluster cluster.yaml --quality-budget 2
+    # the same with codec speeds measured on your GPU (bench/bench_gpu.py --json speeds.json)
+    python tools/plan_compression.py plan ... --codec-speeds speeds.json
 
 `bytes` parses the flags with pretrain_gpt.py's own parser (every flag and alias it accepts,
 validated as for a GPU run, so --bf16 may be planned from a CPU box) and prints one line per
@@ -200,9 +202,25 @@ def plot(cands, shape, cluster, path: str, top: int) -> None:
     print(f"plot: {path}")
 
 
+def with_codec_speeds(cluster, path: Optional[str]):
+    """The cluster with a codec-speeds file's throughputs in place of the device's defaults
+    (the cluster YAML's own codec_throughput_gbs still override single codecs)."""
+    if path is None:
+        return cluster
+    from megatron.cc.plan import codec_speeds
+    try:
+        speeds = codec_speeds.load(path)
+    except codec_speeds.CodecSpeedsError as e:
+        raise PlanError(f"--codec-speeds {e}") from None
+    cluster.codec_throughput_gbs = {**speeds, **cluster.codec_throughput_gbs}
+    return cluster
+
+
 def cmd_plan(ns) -> int:
     from megatron.cc.plan.planner import plan
-    cluster = load_cluster(ns.cluster)
+    cluster = with_codec_speeds(load_cluster(ns.cluster), ns.codec_speeds)
+    if ns.codec_speeds:
+        print(f"codec speeds: {ns.codec_speeds}")
     flags = model_flags(ns)
     args = parse_run(flags, cluster.world_size)
     shape = ModelShape.from_args(args.model, vocab_size(args, ns.vocab_size))
@@ -267,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Iterations (the warm-up fractions are shares of it).")
     q.add_argument("--vocab-size", type=int, default=None,
                    help="Vocabulary (default: config.json's, or the run's tokenizer).")
+    q.add_argument("--codec-speeds", default=None, metavar="JSON",
+                   help="Codec throughputs to plan with instead of the device's defaults "
+                        "(megatron/cc/plan/codec_speeds_h200.json on GPUs): bench/bench_gpu.py "
+                        "--json's output, a fresh measurement. The cluster YAML's "
+                        "codec_throughput_gbs still override single codecs.")
     q.add_argument("--top", type=int, default=15, help="Candidates printed (and plotted).")
     q.add_argument("--plot", default=None,
                    help="Write a PNG of step time against the inter-datacentre bandwidth.")

@@ -146,20 +146,29 @@ def test_perf_line_prints_the_ratio_and_met_or_missed(ratio, target, at_least, v
 
 
 def test_verdicts_from_fake_results():
-    training = {bench_gpu.OURS: {"tokens_per_s": 180_000},
-                bench_gpu.HF_EAGER: {"tokens_per_s": 171_000},
-                bench_gpu.HF_COMPILED: {"tokens_per_s": 306_000}}
-    codecs = {"fixpoint 8-bit (1024, 8, 1920) bfloat16": {"encode_x": 0.7, "decode_x": 1.6}}
+    training = {bench_gpu.OURS: {"tokens_per_s": 180_000, "peak_gib": 14.7},
+                bench_gpu.HF_EAGER: {"tokens_per_s": 171_000, "peak_gib": 23.7},
+                bench_gpu.HF_COMPILED: {"tokens_per_s": 306_000, "peak_gib": 10.5}}
+    codecs = {"fixpoint 8-bit fitted (1024, 8, 1920) bfloat16":
+              {"encode_x": 1.4, "decode_x": 1.6, "family": "fixpoint"},
+              "delta 4-bit (device cache) (1024, 8, 1920) bfloat16":
+              {"encode_x": 5.0, "decode_x": 2.5, "family": "delta"}}
     lines = bench_gpu.verdicts(training, codecs)
     assert lines == [
         "PERF training tokens/s ours / HF GPT2LMHeadModel eager: 1.05x (target >= 1.00x) "
         "target met",
         "PERF training tokens/s ours / HF GPT2LMHeadModel torch.compile: 0.59x "
         "(target >= 1.00x) target missed",
-        "PERF codec fixpoint 8-bit (1024, 8, 1920) bfloat16 encode / device copy: 0.70x "
-        "(target <= 1.00x) target met",
-        "PERF codec fixpoint 8-bit (1024, 8, 1920) bfloat16 decode / device copy: 1.60x "
-        "(target <= 1.00x) target missed"]
+        "PERF training peak memory ours / HF GPT2LMHeadModel torch.compile: 1.40x "
+        "(target <= 1.00x) target missed",
+        "PERF codec fixpoint 8-bit fitted (1024, 8, 1920) bfloat16 encode / device copy: "
+        "1.40x (target <= 1.50x) target met",
+        "PERF codec fixpoint 8-bit fitted (1024, 8, 1920) bfloat16 decode / device copy: "
+        "1.60x (target <= 1.00x) target missed",
+        "PERF codec delta 4-bit (device cache) (1024, 8, 1920) bfloat16 encode / device copy: "
+        "5.00x (target <= 4.00x) target missed",
+        "PERF codec delta 4-bit (device cache) (1024, 8, 1920) bfloat16 decode / device copy: "
+        "2.50x (target <= 3.00x) target met"]
 
 
 def test_exit_status_is_correctness_only():

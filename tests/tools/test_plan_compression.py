@@ -2,6 +2,7 @@
 (one short run at pp=2 x dp=2 with a codec on every channel, launched as two emulated nodes
 whose traffic the log line splits); `plan` ranks candidates and plots; bad input is refused
 with the flag (or YAML key) named."""
+import json
 import re
 
 import pytest
@@ -94,6 +95,33 @@ def test_plan_prints_ranked_candidates_flags_and_a_plot(cluster_yaml, tmp_path, 
     from megatron.training.arguments import parse_args
     parse_args(MODEL.split() + flags, world_size=8)   # the recommendation is runnable
     assert png.stat().st_size > 10_000
+
+
+def test_plan_with_measured_codec_speeds(cluster_yaml, tmp_path, capsys):
+    """--codec-speeds replaces the device's codec throughputs (a bench_gpu.py --json file):
+    codecs a thousand times slower make every compressed pipeline slower to run."""
+    argv = ["plan", "--model", MODEL, "--cluster", cluster_yaml, "--global-batch-size", "32",
+            "--micro-batch-size", "2", "--vocab-size", "1024", "--top", "100"]
+
+    def fixpoint_rows(extra):
+        assert plan_compression.main(argv + extra) == 0
+        out = capsys.readouterr().out
+        return out, {tuple(l.split()[1:5]) + (l.split(None, 12)[-1],): float(l.split()[5])
+                     for l in out.splitlines()
+                     if re.match(r"\s+\d+ ", l) and "fwd fixpoint" in l}
+    _, base = fixpoint_rows([])
+    from megatron.cc.plan.step_time import CODEC_THROUGHPUT_GBS
+    slow = {k: v / 1000 for k, v in CODEC_THROUGHPUT_GBS["gpu"].items()}
+    path = tmp_path / "speeds.json"
+    path.write_text(json.dumps({"codec_throughput_gbs": slow}))
+    out, measured = fixpoint_rows(["--codec-speeds", str(path)])
+    assert f"codec speeds: {path}" in out
+    common = set(base) & set(measured)
+    assert common and all(measured[k] > base[k] for k in common)
+    path.write_text('{"codec_throughput_gbs": {"fixpoint": -1}}')
+    assert plan_compression.main(argv + ["--codec-speeds", str(path)]) == 2
+    assert f"--codec-speeds {path}: codec_throughput_gbs.fixpoint is -1" in \
+        capsys.readouterr().err
 
 
 def test_plan_from_a_hugging_face_config(cluster_yaml, tmp_path, capsys):

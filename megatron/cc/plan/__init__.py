@@ -9,6 +9,7 @@ Pure Python over the codecs' own size formulas: no process groups, no tensors on
     dp_bytes.py       the dp channel of every --dp-mode / --grad-comp reducer
     links.py          Cluster: nodes, GPUs per node, bandwidth and latency per level, YAML loading
     step_time.py      1F1B step time = compute + bubble + exposed communication, sync or overlapped
+    codec_speeds.py   measured codec throughputs (codec_speeds_h200.json: the GPU defaults)
     quality.py        this project's measured loss gaps per scheme (README / bench/results)
     planner.py        candidate layouts x compression schemes, ranked by predicted step time
 

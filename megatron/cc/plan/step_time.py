@@ -75,6 +75,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Dict
 
+from megatron.cc.plan import codec_speeds
 from megatron.cc.plan.channel_bytes import activation_message, channel_bytes
 from megatron.cc.plan.dp_bytes import stage_dp_bytes
 from megatron.cc.plan.links import LEVELS, Cluster, placement
@@ -86,15 +87,15 @@ from megatron.cc.pp_methods import pp_method
 #      (bench/results/activation_compression.md; lowrank: README's bench_codecs row,
 #      CB r16 on 1024 x 1920: encode 2.2, decode 9.4). dp codecs without a CPU measurement
 #      take the slowest measured quantiser's rate.
-# gpu: defaults, NOT measured here (no GPU): a memory-bound kernel at a few percent of HBM
-#      bandwidth; override with the cluster YAML's codec_throughput_gbs after bench_codecs.py.
+# gpu: measured on one H200 (codec_speeds_h200.json: bench/bench_gpu.py's codec rows at the
+#      Fig. 14 shapes, the median of each codec's; the file names the codecs taken from a
+#      related one). A cluster YAML's codec_throughput_gbs overrides single codecs, and
+#      tools/plan_compression.py plan --codec-speeds FILE a whole fresh measurement.
 CODEC_THROUGHPUT_GBS: Dict[str, Dict[str, float]] = {
     "cpu": {"fixpoint": 0.038, "delta": 0.024, "delta-lowbits": 0.008, "tah": 0.128,
             "lowrank": 1.78, "rsvd": 1.78, "powersgd": 1.78, "cocktail": 0.008,
             "int8": 0.038, "fixpoint-b": 0.038, "fp16": 1.0, "sparseloco": 0.008},
-    "gpu": {"fixpoint": 100.0, "delta": 80.0, "delta-lowbits": 50.0, "tah": 50.0,
-            "lowrank": 50.0, "rsvd": 50.0, "powersgd": 50.0, "cocktail": 20.0,
-            "int8": 100.0, "fixpoint-b": 100.0, "fp16": 200.0, "sparseloco": 20.0},
+    "gpu": codec_speeds.load(codec_speeds.DEFAULT_GPU_FILE),
 }
 
 

@@ -56,7 +56,11 @@ def test_optimus_cc_table_covers_every_scheme(bench):
             cb = next(x for x in same if x["scheme"] == "CB")
             assert r["step_s"] == cb["step_s"]
     full = [r for r in rows if r["scheme"].endswith("(Optimus-CC)")]
-    assert all(r["speedup"] > 1 for r in full)
+    # with the measured codec speeds it pays where a node's GPUs share one 200 Gbit/s port;
+    # at 200 Gbit/s per GPU its codecs cost about what they save
+    slow = [r for r in full if r["ib"] == "200 Gbit/s per node"]
+    assert len(slow) == 2 and all(r["speedup"] > 1.05 for r in slow)
+    assert all(abs(r["speedup"] - 1) < 0.01 for r in full if r not in slow)
     assert all(r["paper"] == "not found in the sources available here" for r in rows)
     table = bench.optimus_table(rows)
     assert len(table) == 2 + 2 * len(bench.OPTIMUS_SCHEMES)
