@@ -264,11 +264,11 @@ def bucket_cases() -> List[Case]:
     """The data-parallel pseudo-gradient codecs, as --dp-mode diloco / sparseloco build them."""
     from megatron.cc.compress.chunk_topk import ChunkTopKCodec
     from megatron.cc.grad_sync.flat_codecs import make_flat_codec
-    return [Case("DiLoCo int8 (pseudo-gradient bucket)", "int8", "dp",
+    return [Case("DiLoCo int8 (pseudo-gradient)", "int8", "dp",
                  lambda: make_flat_codec("int8")),
-            Case("DiLoCo fp16 (pseudo-gradient bucket)", "fp16", "dp",
+            Case("DiLoCo fp16 (pseudo-gradient)", "fp16", "dp",
                  lambda: make_flat_codec("fp16")),
-            Case("SparseLoCo 1/64 of 4096, 2-bit (pseudo-gradient bucket)", "sparseloco", "dp",
+            Case("SparseLoCo 1/64 of 4096, 2-bit (pseudo-gradient)", "sparseloco", "dp",
                  ChunkTopKCodec)]
 
 
@@ -287,7 +287,7 @@ def groups(shapes, dtypes, device, rotate_bytes: int, bucket_numel: int) -> List
                              rotation(nbytes_of(coeff, dtype), rotate_bytes)))
     if bucket_numel:
         b = (bucket_numel,)
-        out.append(Group(f"bucket ({bucket_numel},)", b, torch.float32, bucket_cases(),
+        out.append(Group(f"bucket of {bucket_numel} values", b, torch.float32, bucket_cases(),
                          rotation(nbytes_of(b, torch.float32), rotate_bytes)))
     return out
 
@@ -578,8 +578,11 @@ def parse_shapes(texts) -> List[tuple]:
 
 
 def _write_json(path: str, doc: Dict) -> None:
-    from megatron.training.checkpointing import atomic_write_text
-    atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
+    """Whole or not at all; no driver import (the codec table runs without megatron-core)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def main(argv=None):
