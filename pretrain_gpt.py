@@ -65,6 +65,7 @@ def main(argv=None) -> int:
         if note:
             print(f"note: {note}", flush=True)
 
+    from megatron.training.checkpoint_io import CheckpointLoadError
     from megatron.training.initialize import destroy, initialize_distributed
     from megatron.training.training import Trainer
     try:
@@ -72,7 +73,8 @@ def main(argv=None) -> int:
         trainer.train()
         trainer.final_evaluate()
         trainer.close()
-    except ConfigError as e:  # found only once the data or memory is known (activation caches)
+    except (ConfigError, CheckpointLoadError) as e:
+        # found only once the data or memory is known (activation caches), or at --load
         report_error(e)
         os._exit(2)
     except Exception:

@@ -8,6 +8,8 @@ Optimus-CC's underscore flags run unchanged. Extra spellings go in metadata["ali
 import argparse
 import dataclasses
 import difflib
+import os
+import time
 import typing
 
 from megatron.cc.config_fields import ConfigError, flag  # noqa: F401  (re-exported)
@@ -19,6 +21,11 @@ class FlagParser(argparse.ArgumentParser):
     argparse's."""
 
     def error(self, message: str, hint: str = ""):
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("RANK", "0") != "0":
+            # every rank parses the same flags: rank 0 alone speaks; the others linger so that
+            # a launcher stopping the job on the first exit cannot cut rank 0's line
+            time.sleep(3)
+            self.exit(2)
         self.exit(2, f"{self.prog}: error: {message}\n{hint}see {self.prog} --help\n")
 
     def parse_args(self, args=None, namespace=None):

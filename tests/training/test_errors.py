@@ -72,3 +72,32 @@ def test_bad_input_fails_fast_on_every_rank(tiny_corpus, corrupt, name, nproc, o
         assert lines, f"rank {rank} printed no error line:\n{result.stderr[-3000:]}"
         assert expected in lines[0], lines[0]
         assert len(lines[0]) < 400, "one line, not a traceback"
+
+
+def test_truncated_checkpoint_is_one_line_naming_the_file(tiny_corpus, tmp_path):
+    """--load of a checkpoint whose file was cut short (and has no .sha256 beside it): one
+    line naming the file and --ckpt-fallback, exit 2, not our traceback."""
+    import glob
+    save = tmp_path / "ckpt"
+    first = _launch(1, tiny_gpt_argv(tiny_corpus, **{"train-iters": 1, "save": save,
+                                                     "save-interval": 1}))
+    assert first.returncode == 0, first.stderr[-3000:]
+    (path,) = glob.glob(str(save / "iter_*" / "mp_rank_00" / "model_optim_rng.pt"))
+    for digest in glob.glob(path + ".sha256"):
+        os.remove(digest)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    result = _launch(1, tiny_gpt_argv(tiny_corpus, **{"train-iters": 2, "load": save}))
+    assert result.returncode != 0, result.stderr[-3000:]   # torchrun's own status: 1
+    assert "exitcode: 2" in result.stderr, result.stderr[-3000:]
+    lines = [l for l in result.stderr.splitlines() if l.startswith("[rank 0] error:")]
+    assert lines and path in lines[0] and "--ckpt-fallback" in lines[0], result.stderr[-3000:]
+    assert "corrupt or truncated" in lines[0] and "training failed" not in result.stderr
+
+
+def test_unknown_flag_is_reported_once_not_per_rank(tiny_corpus):
+    result = _launch(2, tiny_gpt_argv(tiny_corpus) + ["--tensor-model-paralel-size", "1"])
+    assert result.returncode != 0
+    lines = [l for l in result.stderr.splitlines() if "error: unrecognized arguments" in l]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert "did you mean --tensor-model-parallel-size?" in result.stderr
