@@ -155,11 +155,11 @@ def test_qkv_order_is_the_one_checkpoint_version_3_means(legacy, hf_gpt2):
     enc = torch.load(legacy["file"], weights_only=True)["model"]["language_model"]["encoder"]
     for i in range(4):
         w, b = (enc[f"layers.{i}.self_attention.query_key_value.{k}"] for k in ("weight", "bias"))
-        assert torch.equal(regroup_qkv(w, 4).t(),
-                           hf_gpt2["state"][f"transformer.h.{i}.attn.c_attn.weight"])
-        assert torch.equal(regroup_qkv(b, 4), hf_gpt2["state"][f"transformer.h.{i}.attn.c_attn.bias"])
-        # and not the identity: heads really are interleaved
-        assert not torch.equal(w.t(), hf_gpt2["state"][f"transformer.h.{i}.attn.c_attn.weight"])
+        hf_w, hf_b = (hf_gpt2["state"][f"transformer.h.{i}.attn.c_attn.{k}"]
+                      for k in ("weight", "bias"))
+        assert torch.equal(regroup_qkv(w, 4).t(), hf_w)
+        assert torch.equal(regroup_qkv(b, 4), hf_b)
+        assert not torch.equal(w.t(), hf_w)   # not the identity: heads really are interleaved
 
 
 def test_gpt2_built_from_the_file_gives_the_exported_logits(legacy, hf_gpt2):
@@ -167,7 +167,8 @@ def test_gpt2_built_from_the_file_gives_the_exported_logits(legacy, hf_gpt2):
     tokens = _tokens()
     ours, exported, original = (logits(m, tokens) for m in (model, legacy["hf"], hf_gpt2["dir"]))
     print(f"\nGPT-2 from the legacy file vs export_hf: max |logit diff| "
-          f"{(ours - exported).abs().max():.3e}; vs the original {(ours - original).abs().max():.3e}")
+          f"{(ours - exported).abs().max():.3e}; vs the original "
+          f"{(ours - original).abs().max():.3e}")
     assert torch.equal(ours, exported)
     assert torch.allclose(ours, original, atol=1e-5, rtol=0)
 
