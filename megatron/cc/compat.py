@@ -1,5 +1,6 @@
-"""The one place that bridges API differences between the torch and megatron-core releases we
-support, so callers use one name whatever is installed."""
+"""The one place that bridges API differences between the torch releases we support, so callers
+use one name whatever is installed (megatron-core's: megatron/training/compat.py, since
+megatron/cc never imports megatron-core)."""
 import torch.distributed as dist
 
 
@@ -19,8 +20,3 @@ def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return fn(output, input, op=op, group=group, async_op=async_op)
 
-
-# megatron-core 0.16's TransformerConfig defaults cuda_graph_scope to "full", which its own
-# __post_init__ then deprecates in favour of the empty list (same meaning: the whole layer).
-def transformer_config_kwargs() -> dict:
-    return {"cuda_graph_scope": []}

@@ -19,9 +19,9 @@ import torch
 
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
-from megatron.cc.compat import transformer_config_kwargs
 from megatron.cc.grad_sync.sync import unwrap
 from megatron.training import architecture, subspace
+from megatron.training.compat import transformer_config_kwargs
 from megatron.training.attention import default_impl, layer_spec
 from megatron.training.topology import Topology, cuda_available
 

@@ -187,8 +187,9 @@ def _where() -> str:
         frames.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
         f = f.f_back
     frames.reverse()
+    # any venv inside the checkout (.venv, .venv312) is installed code, not this repository's
     mine = [f for f in frames if f[0].startswith(REPO) and "/tests/fake_cuda/" not in f[0]
-            and "/.venv/" not in f[0]]
+            and "/site-packages/" not in f[0]]
     core = [f for f in frames if "/megatron/core/" in f[0]]
     tests = [f for f in frames if not f[0].endswith("fake_gpu.py")]
     f = (mine or core or tests or frames)[-1]
