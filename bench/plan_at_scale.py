@@ -261,8 +261,10 @@ def assumptions() -> List[str]:
         f"launch), as INTELLECT-1 and Covenant-72B do.",
         "- Utilisation = compute / step time; the 1F1B bubble counts as idle; the 6 N T rule "
         "leaves attention's S^2 term out (~5% of the FLOPs at GPT-8.3B's seq 1024, ~8% at "
-        "Llama-2-70B's 4096). GPU codec throughputs are the cost model's defaults "
-        "(megatron/cc/plan/step_time.py), not measured.",
+        "Llama-2-70B's 4096). GPU codec throughputs are measured on one H200 "
+        "(megatron/cc/plan/codec_speeds_h200.json: bench/bench_gpu.py's rows of 2026-11-26, "
+        "each codec the median of its Fig. 14 rows; codecs without rows take a related "
+        "codec's number, as the file says), on the A100s of (b) too.",
     ]
 
 
