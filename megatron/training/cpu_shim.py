@@ -1,9 +1,9 @@
-"""The one place where megatron-core 0.16.1 is made to run without CUDA.
+"""The one place where megatron-core (0.16.1, 0.19) is made to run without CUDA.
 
 megatron-core assumes a CUDA device in a few spots even when every tensor is on the CPU:
 the tensor-parallel RNG tracker saves/restores *CUDA* generator state, gather buffers and DDP
-grad buffers are allocated on `torch.cuda.current_device()`, and p2p code calls
-`torch.cuda.synchronize()`. On a CPU-only torch each raises "Torch not compiled with CUDA
+grad buffers are allocated on `torch.cuda.current_device()`, p2p code calls
+`torch.cuda.synchronize()` and 0.19's grad sync `torch.cuda.current_stream()`. On a CPU-only torch each raises "Torch not compiled with CUDA
 enabled" (so does the causal mask of the unfused softmax), and the distributed optimizer
 refuses any parameter whose `.type()` is not a `torch.cuda.*Tensor`. `apply()` redirects
 exactly those calls to their CPU meaning and is a no-op when CUDA is present, so GPU runs use stock megatron-core untouched. Nothing else in this repository
@@ -40,6 +40,7 @@ _FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like"
 PATCHED = [
     (torch.cuda, "current_device"),
     (torch.cuda, "synchronize"),
+    (torch.cuda, "current_stream"),
     (torch.cuda, "get_rng_state"),
     (torch.cuda, "set_rng_state"),
     (torch.cuda, "manual_seed"),
@@ -61,6 +62,20 @@ def needed() -> bool:
 
 def _cpu_device():
     return torch.device("cpu")
+
+
+class _NoStream:
+    """The CPU's "current stream": work is already done when a call returns.
+    megatron-core 0.19's start_grad_sync asks for it to wait on CUDA-graph events."""
+
+    def wait_event(self, event):
+        pass
+
+    def wait_stream(self, stream):
+        pass
+
+    def synchronize(self):
+        pass
 
 
 def _get_rng_state(device="cuda", clone=False, graph_safe=False):
@@ -191,6 +206,7 @@ def apply() -> None:
     # e.g. LanguageModule moves the tied output weight with .cuda() before its first all-reduce
     torch.Tensor.cuda = lambda self, *a, **k: self
     torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_stream = lambda *a, **k: _NoStream()
     torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
     torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
     # The tracker seeds "CUDA", snapshots, then restores the previous state; on CPU the same

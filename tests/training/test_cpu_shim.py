@@ -1,4 +1,4 @@
-"""The CPU shim patches exactly what megatron-core 0.16.1 needs; fail loudly if that changes."""
+"""The CPU shim patches exactly what megatron-core (0.16.1, 0.19) needs; fail loudly if that changes."""
 import importlib
 import inspect
 
@@ -53,3 +53,4 @@ def test_applied_shim_runs_megatron_cpu_paths():
     clip_grads.clip_grad_by_total_norm_fp32([p], max_norm=1.0, total_norm=4.0)
     assert torch.allclose(p.grad, torch.full((4,), 0.5), atol=1e-6)
     assert torch.zeros(1).cuda().device.type == "cpu"
+    torch.cuda.current_stream().wait_event(None)   # 0.19's start_grad_sync
