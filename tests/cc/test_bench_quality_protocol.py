@@ -1,0 +1,245 @@
+"""bench/quality_protocol.py: the grid and its run ids, resume, the report's arithmetic on fake
+logs, the scheduler, and one real tiny run (2 ranks, 3 iterations) through the runner."""
+import json
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+import quality_corpora as qc  # noqa: E402
+import quality_protocol as qp  # noqa: E402
+
+ALL = list(qc.CORPORA)
+
+
+def fake_log(valid: float, lines=(), iters: int = 2) -> str:
+    """Megatron's iteration and validation lines; `lines`: the bytes fields per line."""
+    out = []
+    for i, fields in enumerate(lines or [""] * iters, 1):
+        out.append(f" iteration {i:8d}/{len(lines or [0] * iters):8d} | elapsed time per iteration "
+                   f"(ms): 10.0 | lm loss: 6.000000E+00 |{fields}")
+    out.append(f" validation loss at iteration {len(out)} | lm loss value: {valid:.6E} |")
+    return "\n".join(out) + "\n"
+
+
+def fake_result(job, valid, lines=()):
+    return qp.result_of(job, fake_log(valid, lines), 0, 1.0, ["cmd"], 2)
+
+
+def test_default_grid():
+    jobs = qp.build_grid(qp.select_methods(None), ALL, list(qp.CLAIM_SEEDS),
+                         list(qp.DEFAULT_SHAPES), 300)
+    ids = [j.run_id for j in jobs]
+    assert len(ids) == len(set(ids)) == 145
+    warm = [j for j in jobs if j.warm]
+    assert len(warm) == 15 and jobs[:15] == warm          # 5 (corpus, shape) x 3 seeds, first
+    assert not any(j.shape == "large" and j.corpus == "markov" for j in jobs)
+    by = {j.run_id: j for j in jobs}
+    # claim methods and references on every seed, seed methods on the first
+    for seed in qp.CLAIM_SEEDS:
+        assert qp.run_id("subspace-k10-b4", "code", seed, "large", 300) in by
+        assert qp.run_id("allreduce", "markov", seed, "demo", 300) in by
+    assert qp.run_id("cb16-lep", "code", 1234, "demo", 300) in by
+    assert qp.run_id("cb16-lep", "code", 4321, "demo", 300) not in by
+    d = by[qp.run_id(qp.DILOCO_RECIPE, "code", 4321, "demo", 300)]
+    assert d.nproc == 4 and d.deps == [qp.warm_id("code", 4321, "demo", 300)]
+    # imported rows, not copies; later flags win: the shape's
+    assert d.flags[-len(qp.SHAPES["demo"]):] == qp.SHAPES["demo"]
+    import bench_dp_modes
+    flags = d.flags[:-len(qp.SHAPES["demo"])]
+    assert flags[-len(bench_dp_modes.RUNS[qp.DILOCO_RECIPE]):] == bench_dp_modes.RUNS[qp.DILOCO_RECIPE]
+    big = by[qp.run_id("pp-baseline", "embedded", 1234, "large", 300)]
+    assert qp.params("large") >= 4 * qp.params("demo") and big.nproc == 2
+
+
+def test_only_filters_and_commands(tmp_path):
+    assert qp.select_methods("subspace*") == ["pp-baseline", "subspace-k10-b4"]
+    assert qp.select_methods("sc,fe") == ["seed-baseline", "fe", "sc"]
+    with pytest.raises(SystemExit):
+        qp.select_methods("nothing-like-this")
+    jobs = qp.build_grid(qp.select_methods("sparseloco*"), ["markov"], [7, 8], ["demo"], 20)
+    assert sorted(j.method for j in jobs) == ["allreduce"] * 2 + ["sparseloco-H15-d1.56-2b-dpadam"] * 2 + ["warm"] * 2
+    assets = {"data_prefix": "P", "vocab_file": "V", "merge_file": "M", "split": "9,1,0"}
+    run = next(j for j in jobs if j.method == "allreduce" and j.seed == 8)
+    cmd = qp.job_command(run, assets, str(tmp_path), 29999)
+    tail = cmd[cmd.index("--data-path"):]
+    assert tail[:8] == ["--data-path", "P", "--vocab-file", "V", "--merge-file", "M", "--split",
+                        "9,1,0"]
+    assert cmd[cmd.index("--seed", cmd.index("--data-path")) + 1] == "8"
+    assert cmd[cmd.index("--load") + 1] == str(tmp_path / qp.warm_id("markov", 8, "demo", 20) / "ckpt")
+    warm = next(j for j in jobs if j.warm and j.seed == 8)
+    wcmd = qp.job_command(warm, assets, str(tmp_path), 29999)
+    assert "--save" in wcmd and "--load" not in wcmd
+    assert qp.tuned_mark("subspace-k10-b4", "embedded", "demo") == "TUNED"
+    assert qp.tuned_mark("subspace-k10-b4", "embedded", "large") == "corpus"
+    assert qp.tuned_mark(qp.DILOCO_RECIPE, "code", "demo") == ""
+    assert qp.tuned_mark("sparseloco-H15-d1.56-2b-dpadam", "embedded", "demo") == ""
+    assert qp.default_jobs(0, 2) == 1 and qp.default_jobs(0, 16) == 8 and qp.default_jobs(3, 16) == 3
+
+
+def test_dry_run_prints_grid_and_cost(capsys, tmp_path):
+    assert qp.main(["--dry-run", "--out", str(tmp_path), "--only", "fe", "--corpora", "code",
+                    "--shapes", "demo"]) == 0
+    out = capsys.readouterr().out
+    assert "fe__code__s1234__demo__i300" in out and "seed-baseline__code__s1234__demo__i300" in out
+    assert "2 runs (2 to run, 0 warm starts)" in out and "core-hours" in out
+
+
+def test_report_arithmetic_and_logged_ratios(tmp_path):
+    out = str(tmp_path)
+    jobs = {j.run_id: j for j in qp.build_grid(qp.select_methods("subspace*,sparseloco*"),
+                                               ["code"], [1, 2], ["demo"], 4)}
+    def put(method, seed, valid, lines=()):
+        job = jobs[qp.run_id(method, "code", seed, "demo", 4)]
+        os.makedirs(os.path.join(out, job.run_id))
+        qp.write_json(os.path.join(out, job.run_id, qp.RESULT), fake_result(job, valid, lines))
+    put("pp-baseline", 1, 5.0, [" pp-fwd bytes: 2.000MB (x1.0) |"] * 2)
+    put("pp-baseline", 2, 4.0, [" pp-fwd bytes: 2.000MB (x1.0) |"] * 2)
+    put("subspace-k10-b4", 1, 5.1, [" pp-fwd bytes: 2.000MB (x1.0) |",
+                                    " pp-fwd bytes: 20.16KB (x101.6) | pp-bwd bytes: 20.16KB (x100.0) |"])
+    put("subspace-k10-b4", 2, 4.02, [" pp-fwd bytes: 20.16KB (x99.6) |"] * 2)
+    put("allreduce", 1, 3.0, [" dp bytes: 4.000MB (x1.0) |"] * 2)
+    # dp sent every other line: bytes averaged over the run, ratio = raw / sent
+    put("sparseloco-H15-d1.56-2b-dpadam", 1, 3.3, [" dp bytes: 4.000KB (x1000.0) |", ""])
+    rows = {r["method"]: r for r in qp.summarize(qp.load_results(out))}
+    sub = rows["subspace-k10-b4"]
+    assert sub["gaps"] == pytest.approx([0.02, 0.005])
+    assert sub["mean_gap"] == pytest.approx(0.0125) and sub["worst_gap"] == pytest.approx(0.02)
+    assert sub["mean_ratio"]["pp-fwd"] == pytest.approx((101.6 + 99.6) / 2)   # last line's
+    assert sub["mean_ratio"]["pp-bwd"] == pytest.approx(100.0)
+    assert rows["pp-baseline"]["mean_gap"] == 0
+    sl = rows["sparseloco-H15-d1.56-2b-dpadam"]
+    assert sl["mean_gap"] == pytest.approx(0.1) and sl["seeds"] == [1]
+    assert sl["mean_ratio"]["dp"] == pytest.approx(1000.0)
+    res = qp.load_json(os.path.join(out, qp.run_id("sparseloco-H15-d1.56-2b-dpadam", "code", 1,
+                                                   "demo", 4), qp.RESULT))
+    assert res["bytes_per_iter"]["dp"] == pytest.approx(2048.0)
+    text = qp.write_report(out, str(tmp_path / "no-cache"))
+    assert (tmp_path / "README.md").read_text() == text
+    line = next(ln for ln in text.splitlines() if ln.startswith("| subspace-k10-b4 |"))
+    assert "+1.25%" in line and "+2.00%" in line and "pp-fwd x100.6, pp-bwd x100.0" in line
+    assert "| 1,2 |" in line
+    assert "hardware:" in text and "reproduce:" in text
+
+
+def test_report_flags_tuned_rows(tmp_path):
+    out = str(tmp_path)
+    for method, valid in (("pp-baseline", 5.0), ("subspace-k10-b4", 5.05)):
+        job = qp.build_grid([method], ["embedded"], [1234], ["demo"], 4)[0]
+        os.makedirs(os.path.join(out, job.run_id))
+        qp.write_json(os.path.join(out, job.run_id, qp.RESULT), fake_result(job, valid))
+    text = qp.report(out, str(tmp_path / "none"))
+    line = next(ln for ln in text.splitlines() if ln.startswith("| subspace-k10-b4 |"))
+    assert "**TUNED**" in line and "+1.00%" in line
+
+
+def _fake_runner(record, lock, sleep=0.0):
+    state = {"now": 0}
+
+    def runner(job, assets, out, port, gpu, cores=1):
+        with lock:
+            state["now"] += 1
+            record.append(("start", job.run_id, state["now"], port))
+        time.sleep(sleep)
+        d = os.path.join(out, job.run_id)
+        os.makedirs(d, exist_ok=True)
+        res = fake_result(job, 5.0)
+        qp.write_json(os.path.join(d, qp.RESULT), res)
+        with lock:
+            state["now"] -= 1
+            record.append(("end", job.run_id, state["now"], port))
+        return res
+    return runner
+
+
+def test_resume_skips_finished_and_redoes_cut_short(tmp_path):
+    out = str(tmp_path)
+    jobs = qp.build_grid(qp.select_methods("fe"), ["code"], [1], ["demo"], 4)
+    done, cut = jobs   # seed-baseline (finished), fe (cut short: a log, a half-written result)
+    os.makedirs(os.path.join(out, done.run_id))
+    qp.write_json(os.path.join(out, done.run_id, qp.RESULT), fake_result(done, 5.0))
+    os.makedirs(os.path.join(out, cut.run_id))
+    open(os.path.join(out, cut.run_id, qp.LOG), "w").write("half a log")
+    open(os.path.join(out, cut.run_id, qp.RESULT + ".tmp"), "w").write("{\"half")
+    record, lock = [], threading.Lock()
+    status = qp.run_grid(jobs, {"code": {}}, out, 2, 8, runner=_fake_runner(record, lock),
+                         log=lambda s: None)
+    assert status == {done.run_id: "done", cut.run_id: "done"}
+    assert [r[1] for r in record if r[0] == "start"] == [cut.run_id]
+    record.clear()
+    qp.run_grid(jobs, {"code": {}}, out, 2, 8, runner=_fake_runner(record, lock),
+                log=lambda s: None)
+    assert record == []
+
+
+def test_run_job_wipes_a_cut_short_run_and_writes_atomically(tmp_path, monkeypatch):
+    out = str(tmp_path)
+    job = qp.build_grid(["pp-baseline"], ["code"], [1], ["tiny"], 2)[0]
+    d = tmp_path / job.run_id
+    d.mkdir()
+    (d / "ckpt").mkdir()
+    (d / (qp.RESULT + ".tmp")).write_text("{")
+    log = fake_log(4.5, [" pp-fwd bytes: 1.000KB (x2.0) |"] * 2)
+    monkeypatch.setattr(qp, "job_command", lambda *a, **k: [
+        sys.executable, "-c", f"import sys; sys.stdout.write({log!r})"])
+    res = qp.run_job(job, {}, out, 29999)
+    assert res["final_valid"] == 4.5 and res["ratio"] == {"pp-fwd": 2.0}
+    assert sorted(os.listdir(d)) == [qp.CMD, qp.LOG, qp.RESULT]
+    # a failed run leaves failed.json, not result.json: retried next time, listed in the report
+    monkeypatch.setattr(qp, "job_command", lambda *a, **k: [
+        sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"])
+    res = qp.run_job(job, {}, out, 29999)
+    assert res["returncode"] == 3 and sorted(os.listdir(d)) == [qp.CMD, qp.FAILED, qp.LOG]
+    assert not qp.is_done(out, job) and "rc 3" in qp.report(out, str(tmp_path / "none"))
+
+
+def test_scheduler_limits_ranks_and_waits_for_warm_start(tmp_path):
+    jobs = qp.build_grid(qp.select_methods("pp-baseline,sparseloco*"), ["code"], [1, 2],
+                         ["demo"], 4)
+    record, lock = [], threading.Lock()
+    # 8 cores: two 4-rank runs or four 2-rank runs at once
+    status = qp.run_grid(jobs, {"code": {}}, str(tmp_path), 4, 8,
+                         runner=_fake_runner(record, lock, 0.05), log=lambda s: None)
+    assert set(status.values()) == {"done"} and len(status) == len(jobs)
+    ranks, peak = 0, 0
+    nproc = {j.run_id: j.nproc for j in jobs}
+    for kind, rid, _, _ in record:
+        ranks += nproc[rid] if kind == "start" else -nproc[rid]
+        peak = max(peak, ranks)
+    assert 4 <= peak <= 8
+    order = [r[1] for r in record]
+    for j in jobs:
+        for dep in j.deps:
+            assert order.index(dep) < order.index(j.run_id)
+            assert ("end", dep) in [(k, r) for k, r, _, _ in record[:order.index(j.run_id)]]
+    # concurrent runs got different ports
+    live = {}
+    for kind, rid, _, port in record:
+        if kind == "start":
+            assert port not in live.values()
+            live[rid] = port
+        else:
+            live.pop(rid)
+
+
+def test_tiny_end_to_end_run(tmp_path):
+    """One real run through the runner: 2 ranks (tp 1 x pp 2), the tiny shape, 3 iterations,
+    on a tiny Markov corpus; then the report; then a second invocation skips it."""
+    assets = qc.corpus_assets("markov", str(tmp_path / "cache"), seed=3, max_bytes=60_000,
+                              vocab_size=320, words=64, branching=4)
+    out = str(tmp_path / "out")
+    jobs = qp.build_grid(["pp-baseline"], ["markov"], [1234], ["tiny"], 3)
+    logs = []
+    status = qp.run_grid(jobs, {"markov": assets}, out, 1, 2, base_port=29871, log=logs.append)
+    rid = jobs[0].run_id
+    assert status == {rid: "done"}, open(os.path.join(out, rid, qp.LOG)).read()[-3000:]
+    res = json.load(open(os.path.join(out, rid, qp.RESULT)))
+    assert res["final_valid"] > 0 and res["ratio"]["pp-fwd"] == 1.0 and res["nproc"] == 2
+    assert "--split" in open(os.path.join(out, rid, qp.CMD)).read()
+    text = qp.write_report(out, str(tmp_path / "cache"))
+    assert f"| pp-baseline | markov | tiny | 3 | 1234 |  | +0.00% | +0.00% | {res['final_valid']:.4f} |" in text
+    assert qp.run_grid(jobs, {"markov": assets}, out, 1, 2, log=logs.append) == {rid: "done"}
+    assert logs[-1] == f"skip {rid} (done)"
