@@ -527,7 +527,12 @@ def corpus_lines(corpora: Sequence[str], cache_dir: Optional[str]) -> List[str]:
              "|---|---:|---:|---:|"]
     for name in corpora:
         if name == "embedded":
-            lines.append("| embedded | tools/corpus.py's default, split 969,30,1 | - | - |")
+            ec = quality_corpora.embedded_corpus
+            m = load_json(os.path.join(ec.default_cache_dir(),
+                                       f"{ec.VERSION}-{ec.DEFAULT_MAX_BYTES}", "manifest.json"))
+            tokens = f"{m['num_tokens']:,}" if m else "-"
+            lines.append(f"| embedded | {m['num_documents'] if m else '?'}, split 969,30,1 | "
+                         f"{tokens} | - |")
             continue
         base = cache_dir or quality_corpora.default_cache_dir()
         found = sorted(d for d in (os.listdir(base) if os.path.isdir(base) else [])
