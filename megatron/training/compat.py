@@ -1,26 +1,27 @@
 """The one place that bridges the megatron-core releases we support: 0.16.1 (Python 3.11) and
-0.19.x (Python 3.12). Callers import a name from here; nothing else branches on the release.
+0.19.x (Python 3.12). Callers import a name from here; nothing else branches on the release,
+and everything here is detected by feature, not by version number. `UPSTREAM` lists what is
+relied on; tests/test_compat.py fails when an upgrade renames or re-signs one of them.
 
 It lives in the driver, not in megatron/cc/compat.py (torch's renames): megatron/cc never
 imports megatron-core, and the filters below must be in place before megatron.core is first
-imported, which megatron/training/__init__.py guarantees. Everything is detected by feature,
-not by version number. `UPSTREAM` lists what is relied on; tests/test_compat.py fails when an
-upgrade renames or re-signs one of them.
+imported, which megatron/training/__init__.py guarantees.
 
-What 0.19 changed that this project meets (and what needs nothing here):
-- TransformerConfig.cuda_graph_scope was renamed cuda_graph_modules; both default to the
-  deprecated "full" and warn on it (transformer_config_kwargs).
+What 0.19 changed that this project meets:
+- TransformerConfig.cuda_graph_scope became cuda_graph_modules; both default to the deprecated
+  "full" and warn on it (transformer_config_kwargs).
 - GPTModel is deprecated in favour of HybridModel and logs so at every construction; it still
-  builds the same model. HybridModel (megatron.core.models.hybrid) takes a layer pattern
-  ("*-" per transformer layer: attention and MLP become separate layers with their own norms),
-  so parameter names and the checkpoint / Hugging Face key maps would change with it.
-- get_megatron_optimizer imports the experimental MimoModel to test for it; its config class
-  warns at import. tensor_parallel.random imports torch.utils.cpp_extension, which logs that
-  no CUDA runtime is found on a CPU-only machine that has nvcc.
-- Not met here: backward_step lost its model_type argument and parallel_state gained
-  gtp_remat arguments (our schedule and topology call neither positionally); megatron-core's
-  wheel now ships its own megatron/training package, which only the repository's place on
-  sys.path puts behind ours (tests/test_compat.py checks it).
+  builds the same model. HybridModel takes a layer pattern ("*-" per transformer layer:
+  attention and MLP become separate layers, each with its own norm) and ships only a
+  Transformer Engine spec, so moving needs a local spec and new parameter / checkpoint names.
+- get_megatron_optimizer imports the experimental MimoModel to test for it, whose config class
+  warns at import; tensor_parallel.random imports torch.utils.cpp_extension, which logs that no
+  CUDA runtime is found on a CPU-only machine that has nvcc.
+- start_grad_sync calls torch.cuda.current_stream(): a CPU matter, patched in cpu_shim.py.
+- Needing nothing: backward_step lost its model_type argument and parallel_state getters gained
+  gtp_remat arguments (we call neither positionally, our schedule not backward_step at all).
+- The wheel ships a megatron/training package of its own; only the checkout's place first on
+  sys.path (pytest's pythonpath, pretrain_gpt.py, tools/) puts ours before it.
 """
 import dataclasses
 import logging
