@@ -80,3 +80,10 @@ def test_this_repositorys_training_package():
     import megatron.training
     assert os.path.dirname(os.path.abspath(megatron.training.__file__)) == \
         os.path.join(ROOT, "megatron", "training"), megatron.training.__file__
+
+
+def test_mlp_submodules_of_the_local_spec():
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.mlp import MLPSubmodules
+    sub = compat.mlp_submodules(get_gpt_layer_local_spec())
+    assert isinstance(sub, MLPSubmodules) and sub.linear_fc1 is not None and sub.linear_fc2

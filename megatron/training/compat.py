@@ -17,6 +17,8 @@ What 0.19 changed that this project meets:
 - get_megatron_optimizer imports the experimental MimoModel to test for it, whose config class
   warns at import; tensor_parallel.random imports torch.utils.cpp_extension, which logs that no
   CUDA runtime is found on a CPU-only machine that has nvcc.
+- The local layer spec's mlp slot became partial(MLP.as_mlp_submodule, submodules=...) instead
+  of a ModuleSpec (mlp_submodules).
 - start_grad_sync calls torch.cuda.current_stream(): a CPU matter, patched in cpu_shim.py.
 - Needing nothing: backward_step lost its model_type argument and parallel_state getters gained
   gtp_remat arguments (we call neither positionally, our schedule not backward_step at all).
@@ -82,3 +84,11 @@ def transformer_config_kwargs() -> dict:
     from megatron.core.transformer import TransformerConfig
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
     return {"cuda_graph_modules" if "cuda_graph_modules" in names else "cuda_graph_scope": []}
+
+
+def mlp_submodules(layer_spec):
+    """The MLPSubmodules (linear_fc1, linear_fc2) of a GPT layer spec's mlp slot: a ModuleSpec
+    in 0.16, a functools.partial of MLP.as_mlp_submodule in 0.19."""
+    mlp = layer_spec.submodules.mlp
+    sub = getattr(mlp, "submodules", None)
+    return sub if sub is not None else mlp.keywords["submodules"]

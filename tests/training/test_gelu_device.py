@@ -26,7 +26,8 @@ SHAPE = (8, 2, 32)   # (S, B, H)
 def _mlp(config, m):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.mlp import MLP
-    sub = get_gpt_layer_local_spec().submodules.mlp.submodules
+    from megatron.training.compat import mlp_submodules
+    sub = mlp_submodules(get_gpt_layer_local_spec())
     mlp = MLP(config, sub, ffn_hidden_size=m.ffn_hidden_size)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
