@@ -80,15 +80,6 @@ def _clean(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.split("\n"))
 
 
-def _sha256(paths: list) -> str:
-    h = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
 # ----------------------------------------------------------------------------- code corpus
 def strip_docstrings(source: str) -> str:
     """The source without its docstrings (the lines they occupy), comments and code kept."""
@@ -295,7 +286,7 @@ def build_corpus(name: str, out_dir: str, seed: int = DEFAULT_SEED,
         "split": f"{len(train)},{len(valid)},0", "num_tokens": stats.tokens["text"],
         "text_bytes": sum(len(d["text"].encode("utf-8")) for d in docs),
         "chars_per_token_valid": valid_chars / valid_tokens,
-        "vocab_size": tokenizer.vocab_size, "fingerprint": _sha256(files),
+        "vocab_size": tokenizer.vocab_size, "fingerprint": embedded_corpus._sha256(files),
         "python": sys.version.split()[0], "seconds": round(time.time() - t0, 2), **extra}
 
 

@@ -18,9 +18,6 @@ def _local_texts(limit=120, max_chars=12000):
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory):
     """vocab.json/merges.txt (1024 tokens) and a <prefix>.bin/.idx made of stdlib sources."""
-    import numpy as np
-    import torch
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
     from tokenizers import ByteLevelBPETokenizer
 
     root = tmp_path_factory.mktemp("tiny_corpus")
@@ -29,18 +26,26 @@ def tiny_corpus(tmp_path_factory):
     # 1024 = 128 x 8: Megatron's vocab padding is the same for every tp <= 8.
     tok.train_from_iterator(texts, vocab_size=1024, special_tokens=["<|endoftext|>"])
     tok.save_model(str(root))
-    eod = tok.token_to_id("<|endoftext|>")
-    prefix = str(root / "text_document")
-    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for t in texts:
-        builder.add_item(torch.tensor(tok.encode(t).ids + [eod]))
-        builder.end_document()
-    builder.finalize(prefix + ".idx")
+    prefix = write_indexed(texts, tok, tok.token_to_id("<|endoftext|>"),
+                           str(root / "text_document"))
     with open(root / "corpus.jsonl", "w") as f:
         for t in texts:
             f.write(json.dumps({"text": t}) + "\n")
     return {"vocab": str(root / "vocab.json"), "merges": str(root / "merges.txt"),
             "prefix": prefix, "jsonl": str(root / "corpus.jsonl"), "dir": str(root)}
+
+
+def write_indexed(texts, tok, eod, prefix):
+    """<prefix>.bin/.idx of `texts`, one document each, tokenized by `tok` and ended by eod."""
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for t in texts:
+        builder.add_item(torch.tensor(tok.encode(t).ids + [eod]))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    return prefix
 
 
 def tiny_gpt_argv(corpus, **overrides):

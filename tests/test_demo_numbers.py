@@ -66,23 +66,14 @@ def test_readme_states_the_recorded_run():
 
 
 def test_demo_bytes_match_the_record(tiny_corpus, tmp_path):
-    import numpy as np
-    import torch
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    from tests.conftest import _local_texts
+    from tests.conftest import _local_texts, write_indexed
     from tokenizers import ByteLevelBPETokenizer
     from tools.corpus import EOD_TOKEN, VOCAB_SIZE, train_tokenizer
 
     texts = _local_texts(limit=400)
     vocab, merges = train_tokenizer(texts, str(tmp_path))
     tok = ByteLevelBPETokenizer(vocab, merges)
-    eod = tok.token_to_id(EOD_TOKEN)
-    prefix = str(tmp_path / "text_document")
-    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for t in texts:
-        builder.add_item(torch.tensor(tok.encode(t).ids + [eod]))
-        builder.end_document()
-    builder.finalize(prefix + ".idx")
+    prefix = write_indexed(texts, tok, tok.token_to_id(EOD_TOKEN), str(tmp_path / "text_document"))
     assert tok.get_vocab_size() == VOCAB_SIZE
 
     argv, nproc = _demo_command()

@@ -8,7 +8,7 @@ from tests.distributed import run_distributed
 
 
 def _worker(rank, world, root):
-    from megatron.training.checkpoint_io import CheckpointLoadError, write_file
+    from megatron.training.checkpoint_io import write_file
     from megatron.training.checkpoint_select import LATEST, choose_checkpoint, iter_dir
 
     def files(it):
@@ -26,14 +26,7 @@ def _worker(rank, world, root):
         b = f.read(1)
         f.seek(100)
         f.write(bytes([b[0] ^ 1]))
-    try:
-        choose_checkpoint(root, files, fallback=False)
-    except CheckpointLoadError as e:
-        out["refused"] = str(e)
-    logs = []
-    out["fallback"] = choose_checkpoint(root, files, fallback=True, log=logs.append)
-    out["logs"] = logs
-    return out
+    return _refused_then_fallback(root, files, out)
 
 
 def test_choose_checkpoint(tmp_path):
@@ -46,7 +39,7 @@ def test_choose_checkpoint(tmp_path):
 
 def _unchecked_worker(rank, world, root):
     """Files without a .sha256 (older saves, Megatron-LM's): a truncated one is refused by name."""
-    from megatron.training.checkpoint_io import CheckpointLoadError, DIGEST_SUFFIX, write_file
+    from megatron.training.checkpoint_io import DIGEST_SUFFIX, write_file
     from megatron.training.checkpoint_select import LATEST, choose_checkpoint, iter_dir
 
     def files(it):
@@ -61,14 +54,7 @@ def _unchecked_worker(rank, world, root):
     data = open(files(4)[0], "rb").read()
     with open(files(4)[0], "wb") as f:                    # a save or copy cut short
         f.write(data[: len(data) // 2])
-    try:
-        choose_checkpoint(root, files, fallback=False)
-    except CheckpointLoadError as e:
-        out["refused"] = str(e)
-    logs = []
-    out["fallback"] = choose_checkpoint(root, files, fallback=True, log=logs.append)
-    out["logs"] = logs
-    return out
+    return _refused_then_fallback(root, files, out)
 
 
 def test_truncated_file_without_checksum_is_named(tmp_path):
@@ -101,3 +87,17 @@ def test_damaged_files_without_checksum(tmp_path):
         assert str(e).startswith(f"{path} is corrupt or truncated"), e
     else:
         raise AssertionError("a truncated file loaded")
+
+
+def _refused_then_fallback(root, files, out):
+    """out + what choose_checkpoint says of the damaged latest without and with the fallback."""
+    from megatron.training.checkpoint_io import CheckpointLoadError
+    from megatron.training.checkpoint_select import choose_checkpoint
+    try:
+        choose_checkpoint(root, files, fallback=False)
+    except CheckpointLoadError as e:
+        out["refused"] = str(e)
+    logs = []
+    out["fallback"] = choose_checkpoint(root, files, fallback=True, log=logs.append)
+    out["logs"] = logs
+    return out

@@ -514,14 +514,23 @@ def write_checkpoint(root: str, shards: Dict[Tuple[int, int], dict], progress: b
     checkpoint, if any.
     """
     iteration = next(iter(shards.values()))["iteration"]
-    final = iter_dir(root, iteration)
-    tmp = final + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+
+    def write(tmp):
         for (t, p), sd in _progress(sorted(shards.items()), "writing shards", progress):
             d = os.path.join(tmp, shard_dir_name(t, p, sd["layout"]["pp"]))
             os.makedirs(d, exist_ok=True)
             write_file(file_state(sd), os.path.join(d, MODEL_FILE))   # with its .sha256
+    return publish_iteration(root, iteration, write)
+
+
+def publish_iteration(root: str, iteration: int, write) -> str:
+    """`write(tmp)` fills <root>/iter_N.tmp/, which then replaces <root>/iter_N/, and only then
+    is the latest file rewritten; a failure part-way removes the temp dir. Returns iter_N/."""
+    final = iter_dir(root, iteration)
+    tmp = final + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -41,7 +41,6 @@ openai-community/gpt2; `--config_file config.json` gives it what args cannot (la
 epsilon: the converter otherwise assumes 1e-5).
 """
 import os
-import shutil
 import sys
 from collections import OrderedDict
 from typing import Dict, List, Tuple
@@ -49,11 +48,11 @@ from typing import Dict, List, Tuple
 import torch
 
 from megatron.training.checkpoint_args import OURS, args_namespace
-from megatron.training.checkpointing import LATEST, atomic_write_text, iter_dir
+from megatron.training.checkpointing import iter_dir
 from megatron.training.checkpoint_io import write_file
 from tools.checkpoint.errors import ConversionError
 from tools.checkpoint.gpt2_mapping import POS_EMB, WORD_EMB, hf_config, unsupported_features
-from tools.checkpoint.layout import MODEL_FILE, FullCheckpoint
+from tools.checkpoint.layout import MODEL_FILE, FullCheckpoint, publish_iteration
 
 CHECKPOINT_VERSION = 3.0     # Megatron-LM v2.x: per-head [q k v] rows, tp and pp in args
 SHARD_DIR = "mp_rank_00"     # Megatron-LM's name for the one piece at pp = 1
@@ -121,25 +120,18 @@ def legacy_state(full: FullCheckpoint, vocab_size: int, tokenizer_dir: str) -> d
 def write_legacy(full: FullCheckpoint, root: str, tokenizer) -> str:
     """Write <root>/iter_N/mp_rank_00/ (model_optim_rng.pt, config.json, tokenizer files)
     atomically, then <root>/latest_checkpointed_iteration.txt; returns the shard directory."""
-    final = iter_dir(os.path.abspath(root), full.iteration)
-    tmp = final + ".tmp"
-    shard = os.path.join(final, SHARD_DIR)
+    root = os.path.abspath(root)
+    shard = os.path.join(iter_dir(root, full.iteration), SHARD_DIR)
     state = legacy_state(full, tokenizer.vocab_size, shard)   # refuses before writing
     config = hf_config(full.model_args, tokenizer.vocab_size, tokenizer.eod, torch.float32)
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+
+    def write(tmp):
         d = os.path.join(tmp, SHARD_DIR)
         os.makedirs(d)
         write_file(state, os.path.join(d, MODEL_FILE))
         config.to_json_file(os.path.join(d, "config.json"))
         tokenizer.save_pretrained(d)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if os.path.exists(final):
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    atomic_write_text(os.path.join(os.path.abspath(root), LATEST), str(full.iteration))
+    publish_iteration(root, full.iteration, write)
     if full.model_args.get("layernorm_epsilon", 1e-5) != 1e-5:
         print(f"note: layer-norm epsilon {full.model_args['layernorm_epsilon']}: give "
               f"transformers' converter --config_file {os.path.join(shard, 'config.json')} "
