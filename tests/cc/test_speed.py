@@ -7,10 +7,11 @@
 """
 import time
 
+import pytest
 import torch
 
 from megatron.cc.compress import CodecContext, get_codec
-from megatron.cc.speed import CompSpeed, TimedCodec, record
+from megatron.cc.speed import CompSpeed, SpeedRecord, TimedCodec, record
 from megatron.cc.stats import ChannelStats
 
 
@@ -50,10 +51,26 @@ def test_a_record_counts_its_spans_only():
 
 
 def test_flag_off_records_nothing():
-    rec = record(None, "emb", "comp", torch.ones(3))
-    with rec:
+    """record(None, ...) (the flag off: no meter) is one shared no-op: its spans and done()
+    keep nothing and do not swallow a codec's exception; the same calls with a meter on add
+    one observation (the contrast: the calls are the ones that record)."""
+    x = torch.ones(3)
+    off = record(None, "emb", "comp", x)
+    assert not isinstance(off, SpeedRecord) and record(None, "dp", "decomp", x, 8) is off
+    with off as entered:
+        assert entered is off
+    with pytest.raises(RuntimeError, match="codec failed"):
+        with off:
+            raise RuntimeError("codec failed")
+    assert off.done() is None and vars(off) == {}   # no time, no events, no stats kept
+
+    stats = ChannelStats()
+    on = record(CompSpeed(stats), "emb", "comp", x)
+    with on:
         pass
-    rec.done()   # no stats anywhere to touch: a no-op
+    on.done()
+    assert list(stats.diagnostics) == ["emb comp GB/s"]
+    assert stats.diagnostics["emb comp GB/s"][1] == 1
 
 
 def test_timed_codec_forwards_every_codec_hook():

@@ -7,14 +7,37 @@ import torch
 from tests.sync_guard import no_host_sync
 
 
+# (density, chunk C, bits, stochastic) -> payload bytes of 9000 values by the formula, by hand:
+# m = ceil(9000 / C) chunks of k kept values, i = ceil(log2 C) index bits (none when k = C):
+# ceil(m k i / 8) + ceil(m k bits / 8) + 2 m
+CODECS = {(1 / 64, 4096, 2, False): 288 + 48 + 6,     # m 3, k 64, i 12
+          (1.0, 128, 8, False): 0 + 9088 + 142,        # m 71, k 128 = C: dense, no indices
+          (0.1, 100, 3, True): 788 + 338 + 180}        # m 90, k 10, i 7
+
+
 def test_codec_without_host_sync_on_cpu():
+    """compress and decompress run under `no_host_sync()` (HostSync is an AssertionError) and
+    still do their job: the payload is the formula's bytes, and the dense result keeps exactly
+    each chunk's k largest magnitudes (torch.topk on the input) at their positions."""
     from megatron.cc.compress.chunk_topk import ChunkTopKCodec
-    x = torch.randn(9000)
-    for codec in (ChunkTopKCodec(1 / 64, 4096, 2), ChunkTopKCodec(1.0, 128, 8),
-                  ChunkTopKCodec(0.1, 100, 3, stochastic=True)):
+    x = torch.randn(9000, generator=torch.Generator().manual_seed(0))
+    for (density, C, bits, stochastic), nbytes in CODECS.items():
+        codec = ChunkTopKCodec(density, C, bits, stochastic=stochastic)
         with no_host_sync():
             payload = codec.compress(x)
-            codec.decompress(payload, x.numel())
+            out = codec.decompress(payload, x.numel())
+        assert sum(p.numel() * p.element_size() for p in payload) == nbytes == codec.nbytes(9000)
+        assert out.shape == x.shape and out.dtype == torch.float32
+        m, k = -(-x.numel() // C), codec.k
+        mag = torch.nn.functional.pad(x.abs(), (0, m * C - x.numel()), value=-1.0).view(m, C)
+        kept = torch.zeros(m, C, dtype=torch.bool).scatter_(1, mag.topk(k, dim=1).indices, True)
+        kept = kept.reshape(-1)[: x.numel()]
+        assert torch.all(out[~kept] == 0)
+        assert (out[kept] != 0).float().mean() > 0.9   # the kept values survive quantisation
+        signs = out[kept] != 0
+        assert torch.equal(out[kept][signs].sign(), x[kept][signs].sign())
+        if bits == 8:   # dense 8-bit: the input itself, to quantisation error
+            assert ((out - x).norm() / x.norm()) < 0.02
 
 
 def test_exchange_on_a_fake_gpu(gpu):

@@ -70,4 +70,25 @@ def test_contradictions_are_refused(fields, pp, message):
 
 
 def test_fe_with_one_stage_is_allowed():
-    CompressionConfig(emb_comm_opt=True).validate(pp=1, dp=2, tp=2)  # documented no-op
+    """--emb-comm-opt at pipeline size 1 is accepted and, as its help says, changes nothing:
+    FE is off, the emb channel is the plain sum, and every channel's predicted bytes equal
+    those without the flag (at pp 2, where FE is on, they differ: the comparison can fail)."""
+    from types import SimpleNamespace
+    from megatron.cc.emb_methods import build_emb_channel
+    from megatron.cc.grad_sync import EmbeddingSync
+    from megatron.cc.plan.channel_bytes import channel_bytes
+    from megatron.cc.plan.shapes import Layout, ModelShape
+    from megatron.cc.stats import ChannelStats
+    fe, plain = CompressionConfig(emb_comm_opt=True), CompressionConfig()
+    assert fe.validate(pp=1, dp=2, tp=2) is None   # allowed: no ConfigError
+    help_text = CompressionConfig.__dataclass_fields__["emb_comm_opt"].metadata["help"]
+    assert "pipeline size 1" in help_text and "changes nothing" in help_text   # documented
+    assert not fe.fused_embedding(1) and fe.fused_embedding(2)
+    topo = SimpleNamespace(emb_group="emb group")
+    emb = build_emb_channel(fe, topo, ChannelStats(), None, pp=1)
+    assert type(emb) is EmbeddingSync and emb.group == "emb group"
+    shape = ModelShape(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=1000,
+                       seq_length=16)
+    one, two = Layout(tp=2, pp=1, dp=2), Layout(tp=2, pp=2, dp=2)
+    assert channel_bytes(shape, one, fe) == channel_bytes(shape, one, plain)
+    assert channel_bytes(shape, two, fe)["dp"] != channel_bytes(shape, two, plain)["dp"]
