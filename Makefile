@@ -50,7 +50,7 @@ bench: setup
 # GPU correctness tests (each with a timeout), then the GPU benchmark, in one time budget that
 # fits a 10-minute run (ARGS=--quick: under 5 minutes); exit status = correctness only; one
 # line and exit 0 without CUDA. No setup dependency: a GPU machine brings its own torch
-# (docs/gpu_device_run.md).
+# (docs/gpu.md).
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 gpu-check:
 	$(GPU_PYTHON) tools/gpu_check.py $(ARGS)
