@@ -15,5 +15,6 @@ DATA_ARGS=(
   --vocab-file "${VOCAB_FILE:?set VOCAB_FILE}" --merge-file "${MERGE_FILE:?set MERGE_FILE}"
   --split 969,30,1
 )
-# Compression for slow links; empty = uncompressed Megatron. See README "Compression flags".
+# Compression for slow links; empty = uncompressed Megatron. See docs/running.md ("Launching on
+# a cluster") and README.md's feature table for the flags, docs/planning.md for choosing them.
 COMP_ARGS=(${COMP_ARGS:-})
