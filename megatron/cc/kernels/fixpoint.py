@@ -1,16 +1,14 @@
 """Fixpoint codec kernels (quant.py's format): scales, quantise + pack, unpack + dequantise.
 
-    group_scales       one program per block of groups: max |x| ("absmax", "seed" b > 1), or
-                       sum-based scales in group_sums' order: mean |x| / RMS (1 bit) and the
-                       "fitted" search (per grid, mid-rise then mid-tread: every candidate of
-                       its ladder of clipping ratios, then quant._FIT_REFITS least-squares
-                       refits, looping over the group's values from L1/L2; a mid-tread winner
-                       stored negated), with store_scale's round-up in the kernel
+    group_scales       channel groups (whole columns): the rows are split over programs too;
+                       one pass per stage writes per-block partials, a small kernel adds
+                       them (max |x|: 2 launches; "fitted": 2 + 2 + 2 * (1 + refits), both
+                       grids at once, so the message is read 3 + refits times).
+                       Runs of values (bucket, tile): one program per block of groups, every
+                       candidate of the search looping over its groups' values.
+                       Sums in group_sums' order; store_scale's round-up in the kernel.
     quantize_pack      one pass: x / step + c0, round half even, clamp, 8 codes -> `bits` bytes
     unpack_dequantize  one pass: `bits` bytes -> 8 codes -> (code - c0) * step -> dtype
-
-The eager path is ~10 launches for quantise + pack, ~10 for unpack + dequantise and, for
-"fitted", a pass of ~8 launches per candidate (two ladders and refits); here 1 + 1 + 1.
 
 Groups (quant.py): "channel" = columns of x viewed (rows, C); "bucket" = runs of g values of
 the flat x; "tile" = runs of g values inside each row; "tensor" = the whole x. Inputs are read
@@ -79,18 +77,15 @@ def _err(x_ptr, base, lim, gmask, s, G, ESTRIDE, C0, LPS, QMAX,
 @triton.jit
 def _group_scale_kernel(x_ptr, out_ptr, ratio_ptr, n_rise, n_tread, refits,
                         NG, G, ROWLEN, NT, ESTRIDE, C0, LPS, C0T, LPST, QMAX,
-                        MODE: tl.constexpr, COL: tl.constexpr, RAW: tl.constexpr,
+                        MODE: tl.constexpr, RAW: tl.constexpr,
                         BF16: tl.constexpr, GB: tl.constexpr, L: tl.constexpr,
                         LOGL: tl.constexpr):
     gi = tl.program_id(0).to(tl.int64) * GB + tl.arange(0, GB)
     gmask = gi < NG
-    if COL:   # group gi: column gi of a (G, ESTRIDE) view
-        base = gi
-        lim = tl.zeros((GB,), tl.int64) + G
-    else:     # group gi: segment gi % NT (G values) of row gi // NT of a (rows, ROWLEN) view
-        t = gi % NT
-        base = (gi // NT) * ROWLEN + t * G
-        lim = tl.minimum(ROWLEN - t * G, G)
+    # group gi: segment gi % NT (G values) of row gi // NT of a (rows, ROWLEN) view
+    t = gi % NT
+    base = (gi // NT) * ROWLEN + t * G
+    lim = tl.minimum(ROWLEN - t * G, G)
     if MODE == 0:      # max |x|, exact in any order
         m = tl.zeros((GB,), tl.float32)
         for c in range(tl.cdiv(G, L)):
@@ -156,6 +151,263 @@ def _group_scale_kernel(x_ptr, out_ptr, ratio_ptr, n_rise, n_tread, refits,
         tl.store(out_ptr + gi, store_scale_bits(s, BF16).to(tl.int16), mask=gmask)
 
 
+# ------------------------------------------------------- channel scales, rows split
+# A channel group is a whole column (every row of the message): one program per column block
+# would read it alone (tens of programs for a 1920-wide message, each looping over 8192 rows).
+# Here the rows are split over programs too: each pass writes per-block partial sums of up to
+# NCP terms per column, and a small reduction kernel adds the blocks and advances the search.
+#
+# Stages of the "fitted" search (quant._fit_scales, both grids at once):
+#   MAX     max |x| per block                     -> reduce: m
+#   LADDER  err of every ladder candidate         -> reduce: best (and its err) per grid
+#   FIT     x*k, k*k of each grid's best codes    -> reduce: num / den, the refit candidate
+#   REFIT   err, x*k, k*k of the refit candidates -> reduce: keep the better, next candidate
+# (REFIT once per quant._FIT_REFITS); absmax stops after MAX, 1-bit after SUM_ABS / SUM_SQ.
+ST_MAX, ST_LADDER, ST_FIT, ST_REFIT, ST_SUM_ABS, ST_SUM_SQ = 0, 1, 2, 3, 4, 5
+COL_CB = 16           # adjacent columns per program
+COL_REDUCE_CB = 64    # columns per program of the reduction
+COL_WARPS = 8
+MAX_ROWS = 64         # rows per chunk of the max |x| pass
+# per-column search state: int32 bit patterns and fp32 values
+SB_BEST_R, SB_BEST_T, SB_CAND_R, SB_CAND_T = (tl.constexpr(i) for i in range(4))
+SV_M, SV_ERR_R, SV_ERR_T, SV_NUM_R, SV_DEN_R, SV_NUM_T, SV_DEN_T = (tl.constexpr(i)
+                                                                    for i in range(7))
+
+
+@triton.jit
+def _set_slots(st_ptr, c0_ptr, j0, n, s_bits, lps, c0, cols, cm, C, BF16: tl.constexpr):
+    """Slots j0 .. j0 + n - 1 of the next pass sum the codes of stored scales s_bits on the
+    grid (c0, lps): their step and c0 per column."""
+    step = _step(scale_value(s_bits, BF16), lps)
+    for j in tl.static_range(n):
+        tl.store(st_ptr + (j0 + j) * C + cols, step, mask=cm)
+        tl.store(c0_ptr + (j0 + j) * C + cols, step * 0.0 + c0, mask=cm)
+
+
+@triton.jit
+def _col_pass_kernel(x_ptr, part_ptr, st_ptr, c0_ptr, N, C, NB, QMAX,
+                     STAGE: tl.constexpr, NK: tl.constexpr, CB: tl.constexpr,
+                     L: tl.constexpr, LOGL: tl.constexpr, CHUNKS: tl.constexpr,
+                     NCP: tl.constexpr):
+    """One block of rows x CB columns: per column the block's partial of NK terms, stored at
+    part[k, block, column] (group_sums.block_sum's order inside the block). The codes of
+    slot k are on the grid (c0, step) the last reduction stored for it."""
+    cols = tl.program_id(0) * CB + tl.arange(0, CB)
+    cm = cols < C
+    blk = tl.program_id(1)
+    lane = tl.arange(0, L)
+    row0 = blk.to(tl.int64) * (CHUNKS * L)
+    if STAGE == 0:
+        m = tl.zeros((CB,), tl.float32)
+        for c in range(CHUNKS):
+            r = row0 + c * L + lane
+            ok = cm[:, None] & (r < N)[None, :]
+            x = tl.load(x_ptr + r[None, :] * C + cols[:, None], mask=ok, other=0.0)
+            m = tl.maximum(m, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+        tl.store(part_ptr + blk * C + cols, m, mask=cm)
+    else:
+        slot = tl.arange(0, NCP)[None, :]
+        sm = cm[:, None] & (slot < NK)
+        step3 = tl.load(st_ptr + slot * C + cols[:, None], mask=sm, other=1.0)[:, None, :]
+        c03 = tl.load(c0_ptr + slot * C + cols[:, None], mask=sm, other=0.0)[:, None, :]
+        slot = slot[:, None, :]
+        acc = tl.zeros((CB, L, NCP), tl.float32)
+        for c in range(CHUNKS):
+            r = row0 + c * L + lane
+            ok = cm[:, None] & (r < N)[None, :]
+            x = tl.load(x_ptr + r[None, :] * C + cols[:, None], mask=ok,
+                        other=0.0).to(tl.float32)[:, :, None]
+            if STAGE == 4:
+                t = tl.abs(x)
+            elif STAGE == 5:
+                t = x * x
+            else:
+                v = round_half_even(tl.math.div_rn(x, step3) + c03)
+                k = tl.minimum(tl.maximum(v, 0.0), QMAX) - c03
+                if STAGE == 1:
+                    d = x - k * step3
+                    t = d * d
+                elif STAGE == 2:   # even slots x * k, odd k * k
+                    t = tl.where(slot % 2 == 0, x * k, k * k)
+                else:              # slot % 3: error, x * k, k * k
+                    d = x - k * step3
+                    t = tl.where(slot % 3 == 0, d * d, tl.where(slot % 3 == 1, x * k, k * k))
+            acc = acc + tl.where(ok[:, :, None], t, 0.0)
+        tot = tree_sum(tl.reshape(tl.permute(acc, (0, 2, 1)), (CB * NCP, L)), L, LOGL)
+        tot = tl.reshape(tot, (CB, NCP))
+        k2 = tl.arange(0, NCP)[None, :]
+        tl.store(part_ptr + k2 * (NB * C) + blk * C + cols[:, None], tot,
+                 mask=cm[:, None] & (k2 < NK))
+
+
+@triton.jit
+def _block_total(part_ptr, k, cols, cm, C, NB, NBP: tl.constexpr, LOGNB: tl.constexpr):
+    b = tl.arange(0, NBP)
+    v = tl.load(part_ptr + k * (NB * C) + b[None, :] * C + cols[:, None],
+                mask=cm[:, None] & (b < NB)[None, :], other=0.0)
+    return tree_sum(v, NBP, LOGNB)
+
+
+@triton.jit
+def _refit_bits(num, den, LPS, BF16: tl.constexpr):
+    """The least-squares candidate of (num, den): quant._fit_scales' refit, stored."""
+    fit = tl.where(den > 0, tl.math.div_rn(num, tl.maximum(den, DEN_MIN)), 0.0)
+    return store_scale_bits(tl.where(fit < 0, 0.0, fit) * LPS, BF16)
+
+
+@triton.jit
+def _col_reduce_kernel(part_ptr, sb_ptr, sv_ptr, st_ptr, c0_ptr, out_ptr, ratio_ptr, N, C, NB,
+                       C0, LPS, C0T, LPST,
+                       STAGE: tl.constexpr, LAST: tl.constexpr, NRISE: tl.constexpr,
+                       NCAND: tl.constexpr, BF16: tl.constexpr, CB: tl.constexpr,
+                       NBP: tl.constexpr, LOGNB: tl.constexpr, RAW: tl.constexpr):
+    """Adds the blocks' partials of CB columns and advances their search (module comment)."""
+    cols = tl.program_id(0) * CB + tl.arange(0, CB)
+    cm = cols < C
+    if STAGE == 0:     # max |x|: exact in any order
+        b = tl.arange(0, NBP)
+        v = tl.load(part_ptr + b[None, :] * C + cols[:, None],
+                    mask=cm[:, None] & (b < NB)[None, :], other=0.0)
+        m = tl.max(v, axis=1)
+        if LAST:       # absmax scales
+            tl.store(out_ptr + cols, store_scale_bits(m, BF16).to(tl.int16), mask=cm)
+        else:          # the ladder's candidates: mid-rise ratios, then mid-tread
+            tl.store(sv_ptr + SV_M * C + cols, m, mask=cm)
+            for j in tl.static_range(NCAND):
+                cand = store_scale_bits(m * tl.load(ratio_ptr + j), BF16)
+                if j < NRISE:
+                    _set_slots(st_ptr, c0_ptr, j, 1, cand, LPS, C0, cols, cm, C, BF16)
+                else:
+                    _set_slots(st_ptr, c0_ptr, j, 1, cand, LPST, C0T, cols, cm, C, BF16)
+    elif STAGE >= 4:   # 1 bit: mean |x| or RMS over the N rows (RAW: the fp32 sums)
+        tot = _block_total(part_ptr, 0, cols, cm, C, NB, NBP, LOGNB)
+        if RAW:
+            tl.store(out_ptr + cols, tot, mask=cm)
+        else:
+            s = tl.math.div_rn(tot, N.to(tl.float32))
+            if STAGE == 5:
+                s = tl.sqrt_rn(s)
+            tl.store(out_ptr + cols, store_scale_bits(s, BF16).to(tl.int16), mask=cm)
+    else:
+        if STAGE == 1:     # each grid's ladder, in order: the first taken, then strictly better
+            m = tl.load(sv_ptr + SV_M * C + cols, mask=cm, other=0.0)
+            br = tl.zeros((CB,), tl.int32)
+            er = tl.zeros((CB,), tl.float32)
+            bt = tl.zeros((CB,), tl.int32)
+            et = tl.zeros((CB,), tl.float32)
+            for j in tl.static_range(NCAND):
+                e = _block_total(part_ptr, j, cols, cm, C, NB, NBP, LOGNB)
+                cand = store_scale_bits(m * tl.load(ratio_ptr + j), BF16)
+                if j < NRISE:
+                    better = (e < er) | (j == 0)
+                    br = tl.where(better, cand, br)
+                    er = tl.where(better, e, er)
+                else:
+                    better = (e < et) | (j == NRISE)
+                    bt = tl.where(better, cand, bt)
+                    et = tl.where(better, e, et)
+        else:
+            br = tl.load(sb_ptr + SB_BEST_R * C + cols, mask=cm, other=0)
+            bt = tl.load(sb_ptr + SB_BEST_T * C + cols, mask=cm, other=0)
+            er = tl.load(sv_ptr + SV_ERR_R * C + cols, mask=cm, other=0.0)
+            et = tl.load(sv_ptr + SV_ERR_T * C + cols, mask=cm, other=0.0)
+        if STAGE == 2:     # the best codes' sums
+            nr = _block_total(part_ptr, 0, cols, cm, C, NB, NBP, LOGNB)
+            dr = _block_total(part_ptr, 1, cols, cm, C, NB, NBP, LOGNB)
+            nt = _block_total(part_ptr, 2, cols, cm, C, NB, NBP, LOGNB)
+            dt = _block_total(part_ptr, 3, cols, cm, C, NB, NBP, LOGNB)
+        elif STAGE == 3:   # a refit candidate replaces the best when strictly better
+            nr = tl.load(sv_ptr + SV_NUM_R * C + cols, mask=cm, other=0.0)
+            dr = tl.load(sv_ptr + SV_DEN_R * C + cols, mask=cm, other=0.0)
+            nt = tl.load(sv_ptr + SV_NUM_T * C + cols, mask=cm, other=0.0)
+            dt = tl.load(sv_ptr + SV_DEN_T * C + cols, mask=cm, other=0.0)
+            cr = tl.load(sb_ptr + SB_CAND_R * C + cols, mask=cm, other=0)
+            ct = tl.load(sb_ptr + SB_CAND_T * C + cols, mask=cm, other=0)
+            e = _block_total(part_ptr, 0, cols, cm, C, NB, NBP, LOGNB)
+            up = e < er
+            br = tl.where(up, cr, br)
+            er = tl.where(up, e, er)
+            nr = tl.where(up, _block_total(part_ptr, 1, cols, cm, C, NB, NBP, LOGNB), nr)
+            dr = tl.where(up, _block_total(part_ptr, 2, cols, cm, C, NB, NBP, LOGNB), dr)
+            e = _block_total(part_ptr, 3, cols, cm, C, NB, NBP, LOGNB)
+            up = e < et
+            bt = tl.where(up, ct, bt)
+            et = tl.where(up, e, et)
+            nt = tl.where(up, _block_total(part_ptr, 4, cols, cm, C, NB, NBP, LOGNB), nt)
+            dt = tl.where(up, _block_total(part_ptr, 5, cols, cm, C, NB, NBP, LOGNB), dt)
+        if LAST:           # mid-tread only when strictly better; stored with the sign bit
+            s = tl.where(et < er, bt ^ 0x8000, br)
+            tl.store(out_ptr + cols, s.to(tl.int16), mask=cm)
+        else:
+            tl.store(sb_ptr + SB_BEST_R * C + cols, br, mask=cm)
+            tl.store(sb_ptr + SB_BEST_T * C + cols, bt, mask=cm)
+            tl.store(sv_ptr + SV_ERR_R * C + cols, er, mask=cm)
+            tl.store(sv_ptr + SV_ERR_T * C + cols, et, mask=cm)
+            if STAGE == 1:     # the next pass: x*k, k*k of each grid's best codes
+                _set_slots(st_ptr, c0_ptr, 0, 2, br, LPS, C0, cols, cm, C, BF16)
+                _set_slots(st_ptr, c0_ptr, 2, 2, bt, LPST, C0T, cols, cm, C, BF16)
+            else:              # the next pass: error, x*k, k*k of the refit candidates
+                tl.store(sv_ptr + SV_NUM_R * C + cols, nr, mask=cm)
+                tl.store(sv_ptr + SV_DEN_R * C + cols, dr, mask=cm)
+                tl.store(sv_ptr + SV_NUM_T * C + cols, nt, mask=cm)
+                tl.store(sv_ptr + SV_DEN_T * C + cols, dt, mask=cm)
+                cr = _refit_bits(nr, dr, LPS, BF16)
+                ct = _refit_bits(nt, dt, LPST, BF16)
+                tl.store(sb_ptr + SB_CAND_R * C + cols, cr, mask=cm)
+                tl.store(sb_ptr + SB_CAND_T * C + cols, ct, mask=cm)
+                _set_slots(st_ptr, c0_ptr, 0, 3, cr, LPS, C0, cols, cm, C, BF16)
+                _set_slots(st_ptr, c0_ptr, 3, 3, ct, LPST, C0T, cols, cm, C, BF16)
+
+
+def _channel_scales(x, out, mode, bits, scheme, scale_dtype, raw=False) -> None:
+    """Channel scales of x (contiguous, viewed (N, C)) into out (int16 view), rows split over
+    programs (module comment above); raw (1-bit modes): the fp32 column sums instead."""
+    C = max(x.shape[-1], 1) if x.dim() else 1
+    N = x.numel() // C
+    L = group_sums.COL_LANES
+    chunks = max(1, group_sums.COL_BLOCK_ROWS // L)
+    nb = max(1, cdiv(N, chunks * L))
+    nbp = next_pow2(nb)
+    ratios, n_rise, n_tread = _ratios(x.device)
+    (c0, lps), (c0t, lpst) = _grids(bits, scheme)
+    bf16 = scale_dtype == torch.bfloat16
+    refits = quant._FIT_REFITS
+    ncand = n_rise + n_tread
+    slots = max(ncand, 6)
+    part = torch.empty((slots, nb, C), dtype=torch.float32, device=x.device)
+    sb = torch.empty((4, C), dtype=torch.int32, device=x.device)
+    sv = torch.empty((7, C), dtype=torch.float32, device=x.device)
+    st = torch.empty((2, slots, C), dtype=torch.float32, device=x.device)   # step, c0
+    passes = {ABSMAX: [(ST_MAX, 1)], MEAN_ABS: [(ST_SUM_ABS, 1)], RMS: [(ST_SUM_SQ, 1)],
+              FIT: [(ST_MAX, 1), (ST_LADDER, ncand)]
+              + ([(ST_FIT, 4)] + [(ST_REFIT, 6)] * refits if refits else [])}[mode]
+    grid_pass = (cdiv(C, COL_CB), nb)
+    grid_reduce = (cdiv(C, COL_REDUCE_CB),)
+    rows = chunks * L
+    for i, (stage, nk) in enumerate(passes):
+        # max |x| is exact in any order: longer chunks, fewer loop trips
+        lanes = MAX_ROWS if stage == ST_MAX and rows % MAX_ROWS == 0 else L
+        _col_pass_kernel[grid_pass](
+            x, part, st[0], st[1], N, C, nb, float((1 << bits) - 1), STAGE=stage, NK=nk,
+            CB=COL_CB, L=lanes, LOGL=lanes.bit_length() - 1, CHUNKS=rows // lanes,
+            NCP=next_pow2(nk), num_warps=COL_WARPS, **LAUNCH)
+        _col_reduce_kernel[grid_reduce](
+            part, sb, sv, st[0], st[1], out, ratios, N, C, nb, c0, lps, c0t, lpst, STAGE=stage,
+            LAST=i == len(passes) - 1, NRISE=n_rise, NCAND=ncand, BF16=bf16, CB=COL_REDUCE_CB,
+            NBP=nbp, LOGNB=nbp.bit_length() - 1, RAW=raw, **LAUNCH)
+
+
+def column_sums(x: torch.Tensor, squares: bool = False) -> torch.Tensor:
+    """sum |x| (or x^2) of every column of x viewed (N, C), fp32, in group_sums.block_sum's
+    order: the sums behind the 1-bit channel scales."""
+    x = x.contiguous()
+    out = torch.empty(max(x.shape[-1], 1) if x.dim() else 1, dtype=torch.float32,
+                      device=x.device)
+    _channel_scales(x, out, RMS if squares else MEAN_ABS, 1, "seed" if squares else "fitted",
+                    torch.float16, raw=True)
+    return out
+
+
 def _ratios(device) -> tuple[torch.Tensor, int, int]:
     """(ratios, n_rise, n_tread): the clipping ladders of quant._fit_scales for the mid-rise
     grid (_FIT_RATIOS) then the mid-tread grid (_TREAD_RATIOS), each
@@ -188,30 +440,27 @@ def _signed(bits: int, scheme: str) -> bool:
 
 
 def _group_view(shape, granularity: str, g: int) -> dict:
-    """Groups of x (contiguous, `shape`) for the group kernel: count NG, size G, layout."""
+    """Runs of values of x (contiguous, `shape`) for the group kernel: count NG, size G,
+    layout (channel groups take _channel_scales)."""
     numel = math.prod(shape)
     c = shape[-1] if len(shape) else 1
-    if granularity == "channel":
-        return dict(NG=c, G=numel // max(c, 1), ROWLEN=c, NT=1, ESTRIDE=c, COL=True)
     if granularity == "tensor":
-        return dict(NG=1, G=numel, ROWLEN=numel, NT=1, ESTRIDE=1, COL=False)
+        return dict(NG=1, G=numel, ROWLEN=numel, NT=1, ESTRIDE=1)
     if granularity == "bucket":
-        return dict(NG=cdiv(numel, g), G=g, ROWLEN=numel, NT=cdiv(numel, g), ESTRIDE=1,
-                    COL=False)
-    nt = cdiv(c, g)
-    return dict(NG=(numel // max(c, 1)) * nt, G=g, ROWLEN=c, NT=nt, ESTRIDE=1, COL=False)
+        return dict(NG=cdiv(numel, g), G=g, ROWLEN=numel, NT=cdiv(numel, g), ESTRIDE=1)
+    nt = cdiv(c, g)   # tile
+    return dict(NG=(numel // max(c, 1)) * nt, G=g, ROWLEN=c, NT=nt, ESTRIDE=1)
 
 
 def _launch_group(x, out, mode, view, bits, scheme, scale_dtype, raw=False):
-    L = group_sums.lanes("channel" if view["COL"] else "tensor", view["G"])
-    # channels: 16 adjacent columns (64-byte row segments) per program, for more programs
-    GB = 16 if view["COL"] else max(1, SEG_BLOCK // L)
+    L = group_sums.lanes("tensor", view["G"])
+    GB = max(1, SEG_BLOCK // L)
     ratios, n_rise, n_tread = _ratios(x.device)
     (c0, lps), (c0t, lpst) = _grids(bits, scheme)
     _group_scale_kernel[(cdiv(view["NG"], GB),)](
         x, out, ratios, n_rise, n_tread, quant._FIT_REFITS, view["NG"], view["G"], view["ROWLEN"],
         view["NT"], view["ESTRIDE"], c0, lps, c0t, lpst, float((1 << bits) - 1),
-        MODE=mode, COL=view["COL"], RAW=raw, BF16=scale_dtype == torch.bfloat16, GB=GB, L=L,
+        MODE=mode, RAW=raw, BF16=scale_dtype == torch.bfloat16, GB=GB, L=L,
         LOGL=L.bit_length() - 1, **LAUNCH)
 
 
@@ -220,6 +469,12 @@ def group_absmax_scales(x, granularity, group_size, scale_dtype) -> torch.Tensor
     x = x.contiguous()
     ns = quant.num_scales(x.shape, granularity, group_size)
     out = torch.empty(ns, dtype=scale_dtype, device=x.device)
+    if granularity == "channel":
+        if x.numel():
+            _channel_scales(x, out.view(torch.int16), ABSMAX, 8, "absmax", scale_dtype)
+        else:
+            out.zero_()
+        return out
     view = _group_view(x.shape, granularity, group_size)
     if granularity == "tensor" and x.numel() > SEG_BLOCK * 8:
         # one group, one program: first the max of every SEG_BLOCK values in parallel
@@ -242,6 +497,9 @@ def group_scales(x, bits, granularity, group_size=128, scale_dtype=torch.float16
     out = torch.empty(quant.num_scales(x.shape, granularity, group_size), dtype=scale_dtype,
                       device=x.device)
     mode = FIT if bits > 1 else (RMS if scheme == "seed" else MEAN_ABS)
+    if granularity == "channel":
+        _channel_scales(x, out.view(torch.int16), mode, bits, scheme, scale_dtype)
+        return out
     _launch_group(x, out.view(torch.int16), mode, _group_view(x.shape, granularity, group_size),
                   bits, scheme, scale_dtype)
     return out

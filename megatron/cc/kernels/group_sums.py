@@ -2,13 +2,18 @@
 
 Sums of floats depend on their order, and torch's own order differs between devices and
 vectorisation widths, so a kernel cannot reproduce `tensor.sum()` bit for bit. The kernels'
-group sums (fitted-scale search, 1-bit mean |x| and RMS scales) use this fixed order instead:
+group sums (fitted-scale search, 1-bit mean |x| and RMS scales) use these fixed orders instead:
 
+  runs of consecutive values (tensor, bucket, tile groups; lowrank's column sums):
     lanes(layout, g): L = min(next_pow2(g), LANES_MAX[layout])
     a group of g values (quant._to_groups' layout) is read in chunks of L; lane l accumulates,
     chunk after chunk from 0.0, the term of every position c * L + l (0.0 for the zero
     padding of a last bucket / tile, which quant.py excludes from the fit and the counts);
     the L lane totals are then added by adjacent pairs, level by level (a balanced tree).
+  channel groups (columns of the (rows, C) view), whose rows are split over programs:
+    the rows are cut into blocks of COL_BLOCK_ROWS; inside a block, lane l of COL_LANES
+    accumulates the rows c * COL_LANES + l as above, the lanes are added by the tree; the
+    block totals, padded with 0.0 to a power of two, are added by the tree too.
 
 Everything else in the search (candidate order, fp32 operations, store_scale) is quant.py's.
 `fit_scales` and `mean_scales` below are the torch twins that the kernels equal bit for bit
@@ -23,6 +28,10 @@ from megatron.cc.compress import quant
 
 # channel groups are columns: L rows of a block of adjacent channels, so fewer lanes
 LANES_MAX = {"col": 64, "seg": 512}
+# channel scales: rows per program (a multiple of COL_LANES) and lanes per block; read at
+# call time by the kernels, so a test may shrink the blocks
+COL_BLOCK_ROWS = 256
+COL_LANES = 8
 
 
 def layout(granularity: str) -> str:
@@ -63,6 +72,31 @@ def lane_sum(v: torch.Tensor, L: int) -> torch.Tensor:
     return tree_sum(acc)
 
 
+def block_sum(v: torch.Tensor) -> torch.Tensor:
+    """Sum of every row of v (G, n) in the channel kernels' order (module docstring)."""
+    G, n = v.shape
+    L, rb = COL_LANES, COL_BLOCK_ROWS
+    nb = max(1, -(-n // rb))
+    if nb * rb != n:
+        v = torch.cat([v, v.new_zeros(G, nb * rb - n)], dim=1)
+    v = v.view(G, nb, rb // L, L)
+    acc = v.new_zeros(G, nb, L)
+    for c in range(rb // L):
+        acc = acc + v[:, :, c]
+    totals = tree_sum(acc.reshape(G * nb, L)).view(G, nb)
+    nbp = 1 << (nb - 1).bit_length()
+    if nbp != nb:
+        totals = torch.cat([totals, totals.new_zeros(G, nbp - nb)], dim=1)
+    return tree_sum(totals)
+
+
+def group_sum(v: torch.Tensor, granularity: str) -> torch.Tensor:
+    """Sum of every group's row of v (num_scales, g) in the kernels' order."""
+    if granularity == "channel":
+        return block_sum(v)
+    return lane_sum(v, lanes(granularity, v.shape[1]))
+
+
 def groups(x: torch.Tensor, granularity: str, group_size: int):
     """(values, valid): x.float() as (num_scales, g), one row per group in scale order, and
     the mask of its entries that are not padding."""
@@ -75,10 +109,9 @@ def groups(x: torch.Tensor, granularity: str, group_size: int):
 def mean_scales(x, bits, granularity, group_size, scale_dtype, scheme) -> torch.Tensor:
     """1-bit scales: mean |x| ("fitted") or RMS ("seed") over each group's entries."""
     xg, valid = groups(x, granularity, group_size)
-    L = lanes(granularity, xg.shape[1])
     count = valid.sum(dim=1).float()
     term = xg * xg if scheme == "seed" else xg.abs()
-    s = lane_sum(torch.where(valid, term, 0.0), L) / count
+    s = group_sum(torch.where(valid, term, 0.0), granularity) / count
     return quant.store_scale(sqrt_rn(s) if scheme == "seed" else s, scale_dtype)
 
 
@@ -88,12 +121,11 @@ def fit_scales(x, bits, granularity, group_size, scale_dtype) -> torch.Tensor:
     clipping ratios and the least-squares refits; a mid-tread winner (strictly better) is
     stored negated."""
     xg, valid = groups(x, granularity, group_size)
-    L = lanes(granularity, xg.shape[1])
     qmax = (1 << bits) - 1
     amax = xg.abs().amax(dim=1)
 
     def total(term):
-        return lane_sum(torch.where(valid, term, 0.0), L)
+        return group_sum(torch.where(valid, term, 0.0), granularity)
 
     best_s = best_err = None
     rise = quant._FIT_RATIOS

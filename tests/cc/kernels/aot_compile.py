@@ -12,7 +12,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from megatron.cc.kernels import fixpoint, lowrank, tah
+from megatron.cc.kernels import fixpoint, group_sums, lowrank, tah
 
 TARGET = GPUTarget("cuda", 90, 32)
 F, I = "fp32", "i32"
@@ -22,9 +22,30 @@ def group(mode, **k):
     ptrs = dict(x_ptr="*bf16", out_ptr="*fp32" if k.get("RAW") else "*i16", ratio_ptr="*fp32")
     sig = dict(ptrs, n_rise=I, n_tread=I, refits=I, NG=I, G=I, ROWLEN=I, NT=I, ESTRIDE=I,
                C0=F, LPS=F, C0T=F, LPST=F, QMAX=F)
-    const = dict(MODE=mode, COL=False, RAW=False, BF16=False, GB=32, L=64, LOGL=6)
+    const = dict(MODE=mode, RAW=False, BF16=False, GB=32, L=64, LOGL=6)
     const.update(k)
     return fixpoint._group_scale_kernel, sig, const
+
+
+def col_pass(stage, nk, **k):
+    sig = dict(x_ptr="*bf16", part_ptr="*fp32", st_ptr="*fp32", c0_ptr="*fp32", N=I, C=I,
+               NB=I, QMAX=F)
+    ncp = 1 << max(0, (nk - 1).bit_length())
+    const = dict(STAGE=stage, NK=nk, CB=fixpoint.COL_CB,
+                 L=group_sums.COL_LANES, LOGL=group_sums.COL_LANES.bit_length() - 1,
+                 CHUNKS=group_sums.COL_BLOCK_ROWS // group_sums.COL_LANES, NCP=ncp)
+    const.update(k)
+    return fixpoint._col_pass_kernel, sig, const
+
+
+def col_reduce(stage, last, **k):
+    sig = dict(part_ptr="*fp32", sb_ptr="*i32", sv_ptr="*fp32", st_ptr="*fp32",
+               c0_ptr="*fp32", out_ptr="*i16", ratio_ptr="*fp32", N=I, C=I, NB=I, C0=F, LPS=F,
+               C0T=F, LPST=F)
+    const = dict(STAGE=stage, LAST=last, NRISE=13, NCAND=15, BF16=False,
+                 CB=fixpoint.COL_REDUCE_CB, NBP=32, LOGNB=5, RAW=False)
+    const.update(k)
+    return fixpoint._col_reduce_kernel, sig, const
 
 
 def quant_pack(**k):
@@ -76,9 +97,20 @@ SPECS = {
     "tah.pack_rows[3b]": tah_pack_rows(),
     "tah.decode[t16,bf16]": tah_decode(16, 2),
     "fixpoint.group_scale[absmax,raw]": group(0, RAW=True, L=512, GB=4, LOGL=9),
-    "fixpoint.group_scale[fitted,channel,bf16]": group(3, COL=True, BF16=True),
+    "fixpoint.group_scale[fitted,tile,bf16]": group(3, BF16=True),
     "fixpoint.group_scale[mean|x|]": group(1, L=8, GB=256, LOGL=3),
-    "fixpoint.group_scale[rms,channel]": group(2, COL=True),
+    "fixpoint.group_scale[rms]": group(2),
+    "fixpoint.col_pass[max]": col_pass(0, 1),
+    "fixpoint.col_pass[ladder]": col_pass(1, 15),
+    "fixpoint.col_pass[fit]": col_pass(2, 4),
+    "fixpoint.col_pass[refit]": col_pass(3, 6),
+    "fixpoint.col_pass[rms]": col_pass(5, 1),
+    "fixpoint.col_reduce[max,absmax]": col_reduce(0, True),
+    "fixpoint.col_reduce[max]": col_reduce(0, False),
+    "fixpoint.col_reduce[ladder]": col_reduce(1, False),
+    "fixpoint.col_reduce[fit]": col_reduce(2, False, BF16=True),
+    "fixpoint.col_reduce[refit,last]": col_reduce(3, True),
+    "fixpoint.col_reduce[mean|x|,raw]": col_reduce(4, True, RAW=True),
     "fixpoint.quantize_pack[tile,3b,delta]": quant_pack(),
     "fixpoint.quantize_pack[channel,8b]": quant_pack(GRAN=1, BITS=8, BF16=False, SIGNED=False,
                                                      PREV=False, BP=8),

@@ -92,6 +92,28 @@ def test_sum_based_scales_in_group_sums_order(bits, granularity, group, scheme, 
     assert same_bits(packed, quant.pack_bits(codes, bits))
 
 
+@pytest.mark.parametrize("rows", [111, 150])
+def test_channel_scales_over_several_row_blocks(rows, monkeypatch):
+    """Channel groups split over blocks of rows (4 blocks, and 5 padded to 8 in the block
+    tree): absmax exact, the fitted search and 1-bit scales equal to the torch twin."""
+    monkeypatch.setattr(group_sums, "COL_BLOCK_ROWS", 32)
+    x = sample((rows, 1, 29), torch.bfloat16, seed=rows)
+    for bits, scheme, sd in ((3, "absmax", torch.float16), (2, "fitted", torch.bfloat16),
+                             (4, "fitted", torch.float16), (8, "fitted", torch.bfloat16),
+                             (1, "fitted", torch.float16), (1, "seed", torch.bfloat16)):
+        ref = group_sums.group_scales(x, bits, "channel", 128, sd, scheme)
+        got = fx.group_scales(x, bits, "channel", 128, sd, scheme)
+        assert got.dtype == sd and torch.equal(got, ref), (bits, scheme)
+    # the sums themselves, in fp32: the blocks' order, which one block of 256 rows is not
+    v = sample((rows, 1, 29), torch.float32, seed=rows + 1)
+    cols = v.view(rows, 29).t()
+    sums = fx.column_sums(v)
+    assert torch.equal(sums, group_sums.block_sum(cols.abs()))
+    assert torch.equal(fx.column_sums(v, squares=True), group_sums.block_sum(cols * cols))
+    monkeypatch.setattr(group_sums, "COL_BLOCK_ROWS", 256)
+    assert not torch.equal(group_sums.block_sum(cols.abs()), sums)
+
+
 def test_fitted_search_reads_the_module_constants(monkeypatch):
     """Other ratios / refit counts in quant.py reach the kernel at call time."""
     x = sample(SHAPES[0], seed=5)
@@ -102,6 +124,13 @@ def test_fitted_search_reads_the_module_constants(monkeypatch):
     got = fx.group_scales(x, 3, "tile", 8)
     assert torch.equal(got, group_sums.group_scales(x, 3, "tile", 8, torch.float16, "fitted"))
     assert not torch.equal(got, default)
+    got = fx.group_scales(x, 3, "channel", 128)      # the channel kernels read them too
+    assert torch.equal(got, group_sums.group_scales(x, 3, "channel", 128, torch.float16,
+                                                    "fitted"))
+    monkeypatch.setattr(quant, "_FIT_REFITS", 0)      # the ladder alone
+    got = fx.group_scales(x, 3, "channel", 128)
+    assert torch.equal(got, group_sums.group_scales(x, 3, "channel", 128, torch.float16,
+                                                    "fitted"))
 
 
 @pytest.mark.parametrize("granularity,group", [("channel", 128), ("tile", 32), ("bucket", 128)])
