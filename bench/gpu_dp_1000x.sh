@@ -1,10 +1,15 @@
 #!/bin/bash
-# Issue 27 on a GPU machine (the device tool): warm start once, then four bench invocations
-# side by side (one GPU, 4 gloo ranks each), all within BUDGET_S seconds.
-# Usage, from the repository root: [ROUND=1|2] bench/gpu_dp_1000x.sh OUTDIR WARM ITERS BUDGET_S
-#   ROUND 1 (H100 session): low-rank and fixpoint DiLoCo at ~1000x, the exact H50 reference
-#   ROUND 2 (H200 session): error feedback across few syncs (--diloco-error-decay 0 / 0.5 / 1)
-#   ROUND 3 (same session): the frontier at <= 2%, fixpoint-4 / -3 / -2 at H = 50
+# DiLoCo at about 1000x fewer dp bytes on one GPU machine (docs/data_parallel.md): one warm
+# start, then four bench/bench_dp_modes.py invocations side by side (one GPU, 4 gloo ranks
+# each), all within BUDGET_S seconds. Logs, times.txt and res.tgz (the results) go to OUTDIR;
+# the runs work in /tmp/w27.
+# Usage, from the repository root: [ROUND=1|2|3] bench/gpu_dp_1000x.sh OUTDIR WARM ITERS BUDGET_S
+#   ROUND 1: low-rank and fixpoint DiLoCo at ~1000x, the exact H50 reference
+#            (bench/results/dp_modes_warm_b128_1000x_h100/)
+#   ROUND 2: error feedback across few syncs (--diloco-error-decay 0 / 0.5 / 1)
+#            (bench/results/dp_modes_warm_b128_errdecay_h200/)
+#   ROUND 3: the frontier at <= 2%, fixpoint-4 / -3 / -2 at H = 50
+#            (bench/results/dp_modes_warm_b128_frontier_h200/)
 OUTD=$1; WARM=$2; ITERS=$3; BUDGET=$4
 W=/tmp/w27; rm -rf $W; mkdir -p $W/A $W/B $W/C $W/D
 export OMP_NUM_THREADS=1 MEGATRON_CC_CACHE=$PWD/.cache

@@ -1,7 +1,8 @@
 #!/bin/bash
-# Issue 26 on the device machine's 16 CPU cores (the GPU hidden: the same CPU code as this
-# box): 300-iteration subspace runs at several --subspace-write-scale side by side, one
-# bench_subspace.py invocation (2 processes, tp 1 x pp 2) per run.
+# The Subspace Networks write-scale sweep (docs/subspace.md) on a machine with 16 CPU cores
+# (CUDA hidden, so the CPU code runs as on any CPU machine): 300-iteration subspace runs at
+# several --subspace-write-scale side by side, one bench_subspace.py invocation (2 processes,
+# tp 1 x pp 2) per run. Results: bench/results/subspace_write_scale/.
 # Usage, from the repository root: [ROUND=1|2] bench/gpu_subspace_scale.sh OUTDIR BUDGET_S
 OUTD=$1; BUDGET=$2
 export OMP_NUM_THREADS=1 MEGATRON_CC_CACHE=$PWD/.cache CUDA_VISIBLE_DEVICES=""
