@@ -13,7 +13,8 @@ GPU node (8 GPUs, your data):
         --global-batch-size 256 --train-iters 10000 --lr 3e-4 --bf16 \
         --data-path my_text_document --vocab-file vocab.json --merge-file merges.txt
 
-See examples/ for multi-node torchrun, Slurm and LSF, and README.md for the compression flags.
+See examples/ for multi-node torchrun, Slurm and LSF (docs/running.md), and README.md for the
+compression flags.
 Optimus-CC's scripts (Megatron-LM v2.5 flags, `python -m torch.distributed.launch`) run as they
 are; docs/seed_commands.md maps every seed command, and tools/dist_lm_runner.py takes AC-SGD's,
 TAH-Quant's and CocktailSGD's runner command lines.

@@ -76,8 +76,9 @@ from a pretrained checkpoint). First N iterations of exact all-reduce pretrainin
 (once: <out>/warm_start, reused by later invocations with the same N), then every run starts
 from those weights with --finetune (fresh optimizer, iteration 0, same schedule and data).
 
-Where the issue's quality targets are met (README): the warm start with a 4x larger batch, so
-each replica's local steps see 32 samples, not 8 (about 10 minutes a run on 2 CPU cores):
+Where the quality targets (<= 2% at >= 100x / 150x) are met (docs/data_parallel.md): the warm
+start with a 4x larger batch, so each replica's local steps see 32 samples, not 8 (about 10
+minutes a run on 2 CPU cores):
     python bench/bench_dp_modes.py --warm-start 300 --global-batch-size 128 \
         --micro-batch-size 8 --out bench/results/dp_modes_warm_b128 \
         --runs allreduce,diloco-H50-int8-dpadam,cocktail-dpadam,cocktail-r0.125-k1-2b-dpadam

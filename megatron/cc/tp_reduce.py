@@ -13,7 +13,7 @@ P Q'^T, the projection of the exact sum onto span(P). Q is warm-started per site
 orthonormalised before reuse (as CB does). No error feedback: consecutive messages of a site
 belong to different micro-batches (other samples), so a residual carried over adds one
 sample's error to another's activations. Measured at the demo width (tp 2, hidden 128, rank
-16, 100 iterations; README): with error feedback validation loss +3.8% over uncompressed,
+16, 100 iterations; docs/embedding_and_tensor_parallel.md): with error feedback validation loss +3.8% over uncompressed,
 without +1.2% (forward alone +0.03%, backward alone +1.2% against +2.6% with it). During the
 warm-up, and
 where (n + m) r >= n m, the sum is exact; validation passes (no grad) are exact and not

@@ -19,7 +19,7 @@ the most of their squared Frobenius norm together (Eckart-Young for the stacked 
 paper's rank-collapse observation (the projection matrices of trained transformers have a low
 effective rank) is what would make this cheap; how cheap is measured, not assumed: the tool
 reports the kept share of that norm, and the relative max logit error and the next-token loss
-on a probe batch sampled from the model itself, before and after the projection (README has
+on a probe batch sampled from the model itself, before and after the projection (docs/subspace.md has
 the validation loss of a model trained here, imported at several k). The checkpoint holds the
 projected weights (so exporting it right away gives the projected model) and U.
 

@@ -6,7 +6,7 @@ independent noise), so fixed windows of H steps drift most while the learning ra
 little once it has decayed. Windows of equal sum of lr^p over the run's own schedule (p = 2:
 equal drift, the quadratic synchronisation rule of Gu et al., ICLR 2024, which grows H as
 (alpha / lr)^2) sync often early and rarely late for the same number of syncs. Measured in the
-warm-start, batch-128 setting (README): six syncs at equal sum of lr^2 end at +0.93% over
+warm-start, batch-128 setting (docs/data_parallel.md): six syncs at equal sum of lr^2 end at +0.93% over
 all-reduce, six every 50 steps at +2.00%, the same bytes.
 """
 import re

@@ -10,7 +10,7 @@ Pure Python over the codecs' own size formulas: no process groups, no tensors on
     links.py          Cluster: nodes, GPUs per node, bandwidth and latency per level, YAML loading
     step_time.py      1F1B step time = compute + bubble + exposed communication, sync or overlapped
     codec_speeds.py   measured codec throughputs (codec_speeds_h200.json: the GPU defaults)
-    quality.py        this project's measured loss gaps per scheme (README / bench/results)
+    quality.py        this project's measured loss gaps per scheme (docs/, bench/results)
     planner.py        candidate layouts x compression schemes, ranked by predicted step time
 
 Nothing here reads flags; tools/plan_compression.py maps pretrain_gpt.py's flags onto these.

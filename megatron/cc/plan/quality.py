@@ -11,18 +11,18 @@ from typing import Optional
 
 # (gap %, source)
 GAPS = {
-    # pipeline activations, fine-tuning at pp=2 with bwd fixpoint-8 (README "AC-SGD and
-    # TAH-Quant", bench/results/activation_compression.md, after the quantiser fixes)
+    # pipeline activations, fine-tuning at pp=2 with bwd fixpoint-8 (docs/finetune.md,
+    # "Results"; bench/results/activation_compression.md)
     "fwd fixpoint-4 + bwd fixpoint-8": (0.03, "bench/results/activation_compression.md"),
     "fwd fixpoint-2 + bwd fixpoint-8": (0.36, "bench/results/activation_compression.md"),
     "fwd delta-4 + bwd fixpoint-8": (0.02, "bench/results/activation_compression.md"),
     "fwd delta-2 + bwd fixpoint-8": (0.27, "bench/results/activation_compression.md"),
     "fwd tah-4/3 + bwd fixpoint-8": (0.04, "bench/results/activation_compression.md"),
-    # Optimus-CC at pp=4 x dp=2 (README "Optimus-CC results", after the CB fixes)
+    # Optimus-CC at pp=4 x dp=2 (docs/pipeline_compression.md, "Optimus-CC results")
     "Optimus-CC CB (epilogue, LEP, flush) + FE + SC": (0.77,
                                                        "bench/results/optimus_cc_after_fixes.md"),
     "Optimus-CC CB on every send + FE + SC": (9.99, "bench/results/optimus_cc_after_fixes.md"),
-    # dp channel (README "Data-parallel modes", bench/results/dp_modes*.md)
+    # dp channel (docs/data_parallel.md, bench/results/dp_modes*.md)
     # measured at rank 8 on the demo's hidden 128; the planner runs the paper's rank 128
     "SC PowerSGD on every stage": (0.35, "bench/results/dp_modes.md (powersgd)"),
     "CocktailSGD 0.125/1/2 + Adam correction": (1.90, "bench/results/dp_modes_warm_b128"),

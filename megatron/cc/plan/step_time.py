@@ -83,8 +83,8 @@ from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
 from megatron.cc.pp_methods import pp_method
 
 # GB/s of uncompressed input for encode + decode together (1 / (1/enc + 1/dec)).
-# cpu: measured on this project's 2-core box, 1 thread, 7.86 MB fp32 message
-#      (bench/results/activation_compression.md; lowrank: README's bench_codecs row,
+# cpu: measured on a 2-core CPU machine, 1 thread, 7.86 MB fp32 message
+#      (bench/results/activation_compression.md; lowrank: bench_codecs in docs/quantisers.md,
 #      CB r16 on 1024 x 1920: encode 2.2, decode 9.4). dp codecs without a CPU measurement
 #      take the slowest measured quantiser's rate.
 # gpu: measured on one H200 (codec_speeds_h200.json: bench/bench_gpu.py's codec rows at the
