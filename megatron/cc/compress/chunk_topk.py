@@ -24,8 +24,9 @@ import math
 
 import torch
 
+from . import fused
 from .base import StepCodec, parse_dtype
-from .quant import dequantize, pack_bits, packed_nbytes, quantize, unpack_bits
+from .quant import pack_bits, packed_nbytes, quantize
 from .rng import DeviceGenerator
 
 
@@ -39,13 +40,13 @@ def pack_uints(values: torch.Tensor, bits: int) -> torch.Tensor:
     ceil(numel * bits / 8) bytes (value j in stream bits [j*bits, (j+1)*bits))."""
     shifts = torch.arange(bits, dtype=torch.int64, device=values.device)
     stream = (values.reshape(-1, 1).long() >> shifts) & 1            # (numel, bits)
-    return pack_bits(stream.to(torch.uint8), 1)
+    return fused.pack_bits(stream.to(torch.uint8), 1)
 
 
 def unpack_uints(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     """Inverse of `pack_uints`: (numel,) int64."""
     shifts = torch.arange(bits, dtype=torch.int64, device=packed.device)
-    stream = unpack_bits(packed, 1, numel * bits).view(numel, bits).long()
+    stream = fused.unpack_bits(packed, 1, numel * bits).view(numel, bits).long()
     return (stream << shifts).sum(dim=1)
 
 
@@ -113,6 +114,9 @@ class ChunkTopKCodec(StepCodec):
             keep = mag.topk(k, dim=1, sorted=False).indices.sort(dim=1).values   # (m, k)
             vals = chunks.gather(1, keep)
             idx = pack_uints(keep, self.ibits)
+        if gen is None:   # round to nearest: the fused kernels on CUDA
+            return [idx, *fused.encode(vals.reshape(-1), self.bits, "bucket", k,
+                                       self.scale_dtype, self.scheme)]
         codes, scales = quantize(vals.reshape(-1), self.bits, "bucket", k, self.scale_dtype,
                                  gen, self.scheme)
         return [idx, pack_bits(codes, self.bits), scales]
@@ -121,9 +125,8 @@ class ChunkTopKCodec(StepCodec):
                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
         m, k = self.chunks(numel), self.k
         device = payload[1].device
-        codes = unpack_bits(payload[1], self.bits, m * k)
-        vals = dequantize(codes, payload[2], self.bits, (m * k,), "bucket", k,
-                          scheme=self.scheme).view(m, k)
+        vals = fused.decode(payload[1], payload[2], self.bits, (m * k,), "bucket", k,
+                            torch.float32, self.scheme).view(m, k)
         if self.dense():
             out = vals.reshape(-1)
         else:

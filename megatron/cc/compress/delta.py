@@ -43,6 +43,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from . import fused
 from .base import Codec, parse_dtype, register
 from .fixpoint import FixpointCodec
 from .quant import dequantize, pack_bits, quantize, unpack_bits
@@ -230,10 +231,14 @@ class ActivationCache:
         if self.bits is None:
             return rows.view(self.dtype).reshape(b, s, h).float()
         ncode = self.slot_bytes - 2 * h
+        scales = rows[:, ncode:].contiguous().view(torch.float16).reshape(-1)
+        if (s * h) % 8 == 0:   # no padding between samples: one stream
+            # stored channel-major: (B, H, S), one scale per (sample, channel) row
+            x = fused.decode(rows[:, :ncode].reshape(-1), scales, self.bits, (b, h, s), "tile",
+                             s, torch.float32, self.scheme)
+            return x.transpose(1, 2)
         codes = unpack_bits(rows[:, :ncode].reshape(-1), self.bits, b * ncode * 8 // self.bits)
         codes = codes.view(b, -1)[:, :s * h]
-        scales = rows[:, ncode:].contiguous().view(torch.float16).reshape(-1)
-        # stored channel-major: (B, H, S), one scale per (sample, channel) row
         x = dequantize(codes, scales, self.bits, (b, h, s), "tile", s, scheme=self.scheme)
         return x.transpose(1, 2)
 
@@ -244,8 +249,13 @@ class ActivationCache:
             if self.dtype == torch.float16:  # saturate: an inf cached would poison every delta
                 values = values.clamp(-FP16_MAX, FP16_MAX)
             rows = values.to(self.dtype).reshape(b, -1).contiguous().view(torch.uint8)
+        elif (s * h) % 8 == 0:   # every sample starts a group of 8 codes: one stream
+            # channel-major (B, H, S): one scale per (sample, channel) row; on CUDA the fused
+            # kernels (scales, quantise + pack), eager elsewhere
+            packed, scales = fused.encode(values.transpose(1, 2), self.bits, "tile", s,
+                                          torch.float16, self.scheme)
+            rows = torch.cat([packed.view(b, -1), scales.view(b, h).view(torch.uint8)], dim=1)
         else:
-            # channel-major (B, H, S): one scale per (sample, channel) row
             codes, scales = quantize(values.transpose(1, 2), self.bits, "tile", s,
                                      scheme=self.scheme)
             codes = codes.reshape(b, -1)

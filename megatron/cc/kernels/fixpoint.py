@@ -367,6 +367,8 @@ def _channel_scales(x, out, mode, bits, scheme, scale_dtype, raw=False) -> None:
     L = group_sums.COL_LANES
     chunks = max(1, group_sums.COL_BLOCK_ROWS // L)
     nb = max(1, cdiv(N, chunks * L))
+    if nb == 1:   # a short message: only the chunks that hold rows (the rest would add 0.0)
+        chunks = max(1, cdiv(N, L))
     nbp = next_pow2(nb)
     ratios, n_rise, n_tread = _ratios(x.device)
     (c0, lps), (c0t, lpst) = _grids(bits, scheme)
