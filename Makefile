@@ -19,7 +19,7 @@ DEMO_COMPRESSION ?= --forward-compress-method fixpoint --forward-bits 8 \
 	--grad-comp --grad-comp-rank 8 --grad-comp-warm-up 0.1 \
 	--selective-grad-comp --selective-grad-comp-way 1 --emb-comm-opt
 
-.PHONY: setup demo test bench clean gpu-check
+.PHONY: setup demo test test-312 bench clean gpu-check
 
 setup: $(VENV)/.installed
 
@@ -43,6 +43,12 @@ demo: setup
 
 test: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests $(ARGS)
+
+# megatron-core 0.17+ needs Python >= 3.12: the same suite in a second environment (PyPI's
+# torch for 3.12 is a CUDA build of a few GB; it runs on the CPU)
+PYTHON312 ?= python3.12
+test-312:
+	$(MAKE) test PYTHON="$(PYTHON312)" VENV=.venv312 TORCH=torch==2.13.0 ARGS="$(ARGS)"
 
 bench: setup
 	OMP_NUM_THREADS=1 $(BIN)/python bench/bench_vs_huggingface.py

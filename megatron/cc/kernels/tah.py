@@ -6,9 +6,10 @@
                             min / max, fp16 zero (rounded down) and scale (rounded up), codes,
                             and the flag / pivot bits written straight into the payload;
             _pack_rows_kernel (x2) the codes of the high and the low tokens, in token order;
+            the token map packed by fixpoint's bit-packing kernel;
     decode  _decode_kernel  per tile: flag, pivot and codes read from the payload at their bit
                             offsets, dequantise, inverse Hadamard + pivot swap, crop, cast
-            (eager: the token map's unpack and each token's rank inside its set).
+            (the token map unpacked by fixpoint's kernel; eager: each token's rank in its set).
 Eager: ~60 launches to encode, ~35 to decode. Payload bytes and decodes are bit-identical to
 TahCodec's (tests/cc/kernels/test_tah.py).
 
@@ -24,9 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from megatron.cc.compress.quant import pack_bits, unpack_bits
-
 from .dispatch import LAUNCH, cdiv, next_pow2
+from .fixpoint import pack as pack_bits, unpack as unpack_bits
 from .primitives import (bf16_bits, fwht, half_value, pack_groups, round_down_half_bits,
                          round_half_even, store_scale_bits)
 
