@@ -1,4 +1,4 @@
-"""Subspace Networks: 100x fewer pipeline bytes by constraining the model, not the messages.
+"""Subspace Networks: k numbers per token across a pipeline boundary, by constraining the model.
 
 After "Protocol Models: Scaling Decentralized Training with Communication-Efficient Model
 Parallelism" (Ramasinghe et al., arXiv 2506.01260, NeurIPS 2025). Flags:
@@ -38,10 +38,8 @@ lies in k of the H directions is sqrt(H / k) times larger per direction than one
 all of them, and at a = 1 the constrained model starts with, and Adam keeps, writes of the
 unconstrained model's norm concentrated in k directions, against an embedding spread over H.
 a = sqrt(k / H) gives each subspace direction the size an unconstrained write gives each of
-its directions. Measured from scratch at the demo's shape (k 10, H 128, 4-bit coefficients, 300
-iterations, bench/results/subspace_write_scale/): validation-loss gap +2.87% / +2.74% at a = 1
-(two seeds), +1.29% / +0.54% at a = 0.28, +1.05% / +0.49% / +1.07% at a = 0.35; a = 3.6
-(writes at full size per direction) was far worse in a shorter run. a is a persistent buffer
+its directions; smaller scales train closer to the unconstrained model than a = 1 does (the
+sweep: docs/subspace.md, "The write scale"). a is a persistent buffer
 (subspace_write_scale, fp32 like U): a checkpoint keeps its own, one saved before it existed
 loads with a = 1 (fill_old_state), export multiplies it in, import divides the weights by it.
 
@@ -53,8 +51,8 @@ buffer in the state dict, so an imported model's U -- chosen from its weights --
 its checkpoints). Not learned and not re-orthonormalised (nothing changes it): a learned U
 would change the meaning of the coefficients every step and need its own synchronisation. The
 paper's argument that a fixed subspace costs little is the rank collapse of the projection
-weights it observes under AdamW with decoupled weight decay; how much it costs here is measured
-(README, bench/bench_subspace.py).
+weights it observes under AdamW with decoupled weight decay; what it costs here is in
+docs/subspace.md (bench/bench_subspace.py).
 
 The embedding. The paper takes the token and position embeddings out of what is confined (its
 residual is the layer output minus PE and TE) and has each stage rebuild them locally, from the

@@ -293,8 +293,8 @@ def test_forward_only_interleaved(exchange):
 def test_prefetch_keeps_the_neighbours_lead_of_receives_posted(pp, vp, M):
     """PREFETCH keeps prefetch_depth receives of each kind posted beyond the one it computes
     on (the most sends a neighbour can post before it needs one back):
-    one ahead let the upstream rank's sends meet no receive, and on gloo such sends make
-    the two directions take turns (schedule.py's docstring, measured)."""
+    one ahead lets the upstream rank's sends meet no receive, and on gloo such sends make
+    the two directions take turns (docs/overlap_and_slow_links.md, "Prefetch depth")."""
     from megatron.cc.schedule import prefetch_depth
     assert [prefetch_depth(p, 1, 8) for p in (2, 4)] == [2, 4]
     assert [prefetch_depth(2, 2, 8), prefetch_depth(4, 2, 8), prefetch_depth(4, 3, 8)] == \
