@@ -34,7 +34,7 @@ def run(flags, root, async_save: bool) -> dict:
     import shutil
     from megatron.training.arguments import parse_args
     from megatron.training.training import Trainer
-    from pretrain_gpt import resolve_default_data
+    from megatron.training.pretrain import resolve_default_data
     save = os.path.join(root, "async" if async_save else "sync")
     shutil.rmtree(save, ignore_errors=True)
     argv = flags + ["--save", save] + (["--async-save"] if async_save else [])

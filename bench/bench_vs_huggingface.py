@@ -24,8 +24,8 @@ def our_trainer(flags):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29561"),
                       RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     args = parse_args(flags, world_size=1)
-    import pretrain_gpt
-    pretrain_gpt.resolve_default_data(args)
+    from megatron.training.pretrain import resolve_default_data
+    resolve_default_data(args)
     initialize_distributed(args)
     return Trainer(args)
 

@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-from tools import corpus as embedded_corpus  # noqa: E402
+from megatron.training import corpus as embedded_corpus  # noqa: E402
 
 CORPORA = ("embedded", "code", "markov")
 BUILD_VERSION = "q1"   # bump when anything below changes what gets built

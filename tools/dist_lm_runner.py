@@ -129,7 +129,7 @@ def trace_file(a, pp: int, dp: int) -> str:
 
 
 def run(a, argv: List[str]) -> int:
-    import pretrain_gpt
+    from megatron.training import pretrain as pretrain_gpt
     if a.profiling == "no-profiling":
         return pretrain_gpt.main(argv)
     import torch

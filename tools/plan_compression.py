@@ -87,7 +87,7 @@ def vocab_size(args, given: Optional[int]) -> int:
         return given
     d = args.data
     if d.vocab_file is None and d.tokenizer_model is None:
-        from tools.corpus import default_assets
+        from megatron.training.corpus import default_assets
         return default_assets().vocab_size
     from megatron.training.tokenizer import build_tokenizer
     return build_tokenizer(d.tokenizer_type, d.vocab_file, d.merge_file,

@@ -117,7 +117,7 @@ class ScatterGather:
     per slice: +3% at S B = 128, 4 bits; ~0.1% at S = 2048), is small. CB on the slice rather
     than on the gathered gradient: factoring the whole gradient would need collectives inside
     PowerSGD's step; the slices' factors send r (S B + tp H) values per message over the tp
-    ranks, fewer than tp r (S B + H) without scatter-gather (measured: docs/pipeline_compression.md).
+    ranks, fewer than tp r (S B + H) without scatter-gather (docs/pipeline_compression.md).
     It needs S % tp == 0 (the driver checks). Both ends of a link see the same slice index (a
     link joins equal tp ranks), so per-link codec state stays consistent.
     """

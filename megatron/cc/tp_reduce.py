@@ -12,11 +12,9 @@ M; P = M Q all-reduced and orthonormalised, Q' = M^T P all-reduced; the sum is a
 P Q'^T, the projection of the exact sum onto span(P). Q is warm-started per site and
 orthonormalised before reuse (as CB does). No error feedback: consecutive messages of a site
 belong to different micro-batches (other samples), so a residual carried over adds one
-sample's error to another's activations. Measured at the demo width (tp 2, hidden 128, rank
-16, 100 iterations; docs/embedding_and_tensor_parallel.md): with error feedback validation loss +3.8% over uncompressed,
-without +1.2% (forward alone +0.03%, backward alone +1.2% against +2.6% with it). During the
-warm-up, and
-where (n + m) r >= n m, the sum is exact; validation passes (no grad) are exact and not
+sample's error to another's activations; it made the gap larger, not smaller
+(docs/embedding_and_tensor_parallel.md). During the warm-up, and where (n + m) r >= n m, the
+sum is exact; validation passes (no grad) are exact and not
 counted, as on the pipeline channels. Bytes per rank: P and Q in fp32, against the message in
 its own dtype.
 

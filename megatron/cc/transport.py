@@ -44,8 +44,8 @@ class P2PTransport:
         if any(self._staged(t) for t, _, _ in sends):
             torch.cuda.current_stream().synchronize()  # the pinned copies must be complete
         # receives first: on gloo, two ranks whose batches post their sends first make the
-        # two sends take turns (1.8x the time of one at 20 Mbit/s); receives first, they
-        # cross (1.08x; bench/bench_link_duplex.py). NCCL runs a batch as one group anyway
+        # two sends take turns; receives first, they cross (docs/planning.md, "The link
+        # alone"). NCCL runs a batch as one group anyway
         ops = [dist.P2POp(dist.irecv, t, p, group=self.group, tag=g) for t, p, g in host_recvs]
         ops += [dist.P2POp(dist.isend, t, p, group=self.group, tag=g) for t, p, g in host_sends]
         reqs = dist.batch_isend_irecv(ops) if ops else []

@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from tools import corpus
-from tools.corpus import (
+from megatron.training import corpus
+from megatron.training.corpus import (
     VOCAB_SIZE,
     build_cached,
     default_assets,
@@ -105,7 +105,9 @@ def test_tokenizer_training_is_repeatable(tmp_path):
 
 
 def test_cli_prints_paths(assets, cache_dir, capsys):
-    assert corpus.main(["--cache-dir", cache_dir, "--max-bytes", str(SMALL)]) == 0
+    from tools import corpus as cli
+
+    assert cli.main(["--cache-dir", cache_dir, "--max-bytes", str(SMALL)]) == 0
     out = capsys.readouterr().out
     assert assets.data_prefix in out and assets.vocab_file in out
 

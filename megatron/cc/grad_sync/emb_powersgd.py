@@ -17,8 +17,8 @@ M_i the member's matrix (V/tp x H, plus its error E_i) and k members, target S =
                                       residual: sum_i E_i = S - S_hat, delivered next step
 
 The seed keeps E_i = M_i - S_hat instead, whose sum over the two members is S - 2 S_hat: at
-any rank, the next step subtracts roughly the previous sum (measured in
-tests/cc/grad_sync/test_emb_powersgd.py). With FE the group spans every replica, so the
+any rank, the next step subtracts roughly the previous sum
+(tests/cc/grad_sync/test_emb_powersgd.py). With FE the group spans every replica, so the
 compressed sum is the global one; the seed compresses over one replica's embedding group even
 with --emb_comm_opt, whose dp all-reduce skips the embedding, so its replicas drift apart.
 

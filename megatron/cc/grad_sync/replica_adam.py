@@ -8,9 +8,9 @@ mean mu and noise variance s^2 of one replica's gradient, a replica sees
     v_i = mu^2 + s^2              while the all-reduced gradient has   v = mu^2 + s^2 / dp
 
 so where noise dominates, the mean of the replicas' steps is sqrt(dp) times smaller than the
-step Adam takes on the all-reduced gradient (measured here at dp=4: averaged local Adam at lr L
-tracks all-reduce at about L/2). This optimizer estimates the all-reduced gradient's second
-moment from the replica's own moments, with no bytes on the wire:
+step Adam takes on the all-reduced gradient (docs/data_parallel.md, "--dp-adam-correction").
+This optimizer estimates the all-reduced gradient's second moment from the replica's own
+moments, with no bytes on the wire:
 
     v_hat, m_hat = bias-corrected Adam moments of this replica
     v_dp = v_hat / dp + (1 - 1/dp) * min(m_hat^2, v_hat)

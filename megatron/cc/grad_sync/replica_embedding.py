@@ -15,8 +15,7 @@ An untied word table's gradient is zero outside the rows the iteration's tokens 
 (weight decay is the optimizer's, not the gradient's), and every stage of a replica looks up
 the same tokens: such a table sums only those rows (LookedUpRows), each stage finding the
 same rows with no exchange; over data-parallel replicas, whose tokens differ, the rows are
-the union, one byte per vocabulary row all-reduced (MAX) over the dp group. At the slow-link
-bench's shape (8192 tokens an iteration) that is 45% of the table's rows.
+the union, one byte per vocabulary row all-reduced (MAX) over the dp group.
 """
 from dataclasses import dataclass
 from typing import List, Optional

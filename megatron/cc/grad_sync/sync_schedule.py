@@ -5,9 +5,8 @@ Why a schedule: the replicas drift apart between syncs by about lr^2 per step (t
 independent noise), so fixed windows of H steps drift most while the learning rate is high and
 little once it has decayed. Windows of equal sum of lr^p over the run's own schedule (p = 2:
 equal drift, the quadratic synchronisation rule of Gu et al., ICLR 2024, which grows H as
-(alpha / lr)^2) sync often early and rarely late for the same number of syncs. Measured in the
-warm-start, batch-128 setting (docs/data_parallel.md): six syncs at equal sum of lr^2 end at +0.93% over
-all-reduce, six every 50 steps at +2.00%, the same bytes.
+(alpha / lr)^2) sync often early and rarely late for the same number of syncs, and end closer
+to all-reduce than fixed windows at the same bytes (docs/data_parallel.md).
 """
 import re
 from typing import Sequence, Tuple

@@ -12,10 +12,9 @@ neighbouring ranks: vp, or at pp = 2, where the wrap-around joins the same two r
 That pair's link carries M B messages each way, each behind (t_f + t_b) / B of compute, so
 below M becomes M B and the slot (t_f + t_b) / B. Interleaved SYNC pairs each send with the
 next op's receive, so sends rarely meet head-on: its messages are paid one after the other,
-(M B + pp - 2)(c_fwd + c_bwd). Measured on the slow link
-(bench/results/slow_link_interleaved_recv_first/): 13 of 16 within 15%; uncompressed
-synchronous at 20 Mbit/s lies between the sum (+17%) and the crossing rule below (-33%), and
-overlapped uncompressed is under-predicted by 38%.
+(M B + pp - 2)(c_fwd + c_bwd). The real link lies between this sum and the crossing rule
+below, nearer the sum; the interleaved rules are the model's roughest part (docs/planning.md,
+"Validation on a real link").
 
 Communication, per channel, from the exact bytes (channel_bytes.py) over the slowest link a
 channel's group spans (links.py); a transfer of x bytes costs latency + x / bandwidth, and the
@@ -27,15 +26,14 @@ min(burst, bandwidth x that compute) (for the flows crossing together, their sum
            synchronous: (pp - 1) (c_fwd + c_bwd + codecs) + (M - 1) (P - max_s compute_s):
            the fill and drain messages go alone; in the steady state each batch's activation
            and gradient cross the link at once, each direction at full rate (NCCL; gloo too
-           since megatron.cc.transport posts receives first: bench_link_duplex.py, 1.03x one
-           way where send-first took turns at 1.8x; a congestion control that shares the two
-           directions fairly is assumed: CUBIC does on a tbf-shaped link, BBR at 5 Mbit/s
-           does not, bench_link_1f1b.py), and P = sync_period(): every stage
+           since megatron.cc.transport posts receives first; a congestion control that shares
+           the two directions fairly is assumed: docs/planning.md, "The link alone"), and
+           P = sync_period(): every stage
            waits, each period, for the gradient from below and the activation from above, so
            P = max_s(slot_s + [s > 0] c_fwd + [s < pp - 1] c_bwd), slot_s its compute with
            its codec share (with_codecs). At pp 2 the downstream stage's longer slot (the
-           output layer) hides a gradient shorter than the difference (fixpoint4-fwd:
-           bench/results/slow_link_validation_one_run/); a middle stage pays both messages.
+           output layer) hides a gradient shorter than the difference (as in fixpoint4-fwd's
+           slow-link runs); a middle stage pays both messages.
            On a shared inter-datacentre link a steady-state direction carries every message
            going that way (pp_message_parts' `crossing`: with replicas placed in opposite
            directions, one's activation and the other's gradient).
@@ -48,8 +46,7 @@ min(burst, bandwidth x that compute) (for the flows crossing together, their sum
            c_bwd + slot_s + slot_(s+1)) / 2), the two directions busy at once, each chain
            paying its own messages alone; where several flows share a direction (the
            `both` placement) their sum bounds P from below: they delay each other only as
-           far as they fill it (bench/results/slow_link_validation_cubic/: +16.9% -> +0.7%
-           for uncompressed-both at 20 Mbit/s); exposed (pp - 1) (c_fwd + c_bwd + codecs)
+           far as they fill it; exposed (pp - 1) (c_fwd + c_bwd + codecs)
            + (M - 1) (P - max_s compute_s), fill and drain alone, each direction's bucket
            refilled only while it idles (P - c). Interleaved: the forward
            and backward streams cross at once, each transfer hidden by the compute behind a
@@ -83,14 +80,13 @@ from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
 from megatron.cc.pp_methods import pp_method
 
 # GB/s of uncompressed input for encode + decode together (1 / (1/enc + 1/dec)).
-# cpu: measured on a 2-core CPU machine, 1 thread, 7.86 MB fp32 message
-#      (bench/results/activation_compression.md; lowrank: bench_codecs in docs/quantisers.md,
-#      CB r16 on 1024 x 1920: encode 2.2, decode 9.4). dp codecs without a CPU measurement
-#      take the slowest measured quantiser's rate.
-# gpu: measured on one H200 (codec_speeds_h200.json: bench/bench_gpu.py's codec rows at the
-#      Fig. 14 shapes, the median of each codec's; the file names the codecs taken from a
-#      related one). A cluster YAML's codec_throughput_gbs overrides single codecs, and
-#      tools/plan_compression.py plan --codec-speeds FILE a whole fresh measurement.
+# cpu: one thread, from the CPU codec tables (fixpoint, delta, TAH: docs/finetune.md,
+#      "Results"; lowrank: docs/quantisers.md, "CPU codec throughput"); dp codecs without a
+#      CPU row take the slowest quantiser's rate.
+# gpu: codec_speeds_h200.json (bench/bench_gpu.py's codec rows at the Fig. 14 shapes, the
+#      median of each codec's; the file names the codecs taken from a related one; docs/gpu.md).
+#      A cluster YAML's codec_throughput_gbs overrides single codecs, and
+#      tools/plan_compression.py plan --codec-speeds FILE a whole fresh table.
 CODEC_THROUGHPUT_GBS: Dict[str, Dict[str, float]] = {
     "cpu": {"fixpoint": 0.038, "delta": 0.024, "delta-lowbits": 0.008, "tah": 0.128,
             "lowrank": 1.78, "rsvd": 1.78, "powersgd": 1.78, "cocktail": 0.008,
@@ -381,8 +377,8 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
         bare = [6 * x * T / rate + t_tp for x in per_stage]
         (c_f, k_f), (c_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, slot)
         slots = with_codecs(bare, k_f + k_b)   # vp = 1: each stage's, its codec share in
-        if not overlap and vp > 1:   # each send paired with the next op's receive: no
-            # two sends meet (measured: the sum, bench/results/slow_link_interleaved_recv_first)
+        if not overlap and vp > 1:   # each send paired with the next op's receive: few
+            # sends meet, so they are paid one after the other (module docstring)
             pp_t = (M * B + pp - 2) * (c_f + k_f + c_b + k_b)
         elif not overlap:   # fill and drain alone, then each batch's two messages cross
             (a_f, _), (a_b, _) = pp_message_parts(m, layout, c, cluster, totals, slot, False)
