@@ -156,6 +156,11 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
            source="bench_subspace none"),
     Method("subspace-k10-b4", "pp", tuple(bench_subspace.run_flags("sub-k10-b4")),
            tuned_on=("embedded",), source="bench_subspace sub-k10-b4 (README default)"),
+    # the same wire bytes at other (rank, bits), and lower ratios: the frontier where the
+    # default does not hold (chosen on the code corpus, seed 1234)
+    *[Method(f"subspace-k{k}-b{b}", "pp", tuple(bench_subspace.run_flags(f"sub-k{k}-b{b}")),
+             tuned_on=("code",), source=f"bench_subspace sub-k{k}-b{b}")
+      for k, b in ((20, 2), (13, 3), (16, 4), (24, 4), (32, 4), (10, 8), (10, 0))],
     Method("allreduce", "dp", tuple(bench_dp_modes.RUNS["allreduce"]),
            source="bench_dp_modes allreduce"),
     Method(DILOCO_RECIPE, "dp", tuple(bench_dp_modes.RUNS[DILOCO_RECIPE]),
