@@ -140,7 +140,7 @@ def codec_speed(shapes, repeat: int):
     """{shape: {label: (payload ratio, enc GB/s, dec GB/s, copy GB/s)}}."""
     import torch
     import bench_codecs
-    from megatron.cc.compress import CodecContext, get_codec, payload_bytes
+    from megatron.cc.codecs import CodecContext, get_codec, payload_bytes
     torch.set_num_threads(1)
     out = {}
     for shape in shapes:

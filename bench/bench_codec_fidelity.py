@@ -15,7 +15,7 @@ included. For (a) the Gaussian rate-distortion limit D(R) = 2^(-2R) and the Lloy
 (optimal fixed-rate scalar) quantiser at b bits are drawn; "vs LM" divides by Lloyd-Max at the
 code's b bits (its scales not charged), "vs seed" by the seed's quantiser at the same bytes.
 
-Quantiser schemes (megatron/cc/compress/quant.py, --quant-scheme): fitted (ours, default),
+Quantiser schemes (megatron/cc/numerics/quant.py, --quant-scheme): fitted (ours, default),
 absmax, seed (AC-SGD's / CocktailSGD's grid).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_codec_fidelity.py          # ~1 min
@@ -39,8 +39,8 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-from megatron.cc.compress import get_codec, payload_bytes  # noqa: E402
-from megatron.cc.compress.lowrank import LowRankCodec  # noqa: E402
+from megatron.cc.codecs import get_codec, payload_bytes  # noqa: E402
+from megatron.cc.codecs.lowrank import LowRankCodec  # noqa: E402
 
 SCHEMES = ("fitted", "absmax", "seed")
 TARGET_LM = 1.25
@@ -196,7 +196,7 @@ def other_rows(name: str, x: torch.Tensor, kind: str) -> list:
 def cache_layout_lines(acts: torch.Tensor) -> list:
     """delta-lowbits' cache quantiser: one scale per (sample, token) row (ours) against one
     per (sample, channel) (AC-SGD), same bytes when seq == hidden; relative MSE."""
-    from megatron.cc.compress.quant import dequantize, quantize
+    from megatron.cc.numerics.quant import dequantize, quantize
     x = acts.transpose(0, 1).contiguous()          # (B, S, H): one cached sample per row
     b_, s_, h_ = x.shape
     out = []

@@ -21,7 +21,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from megatron.cc.compress import CodecContext, get_codec, payload_bytes  # noqa: E402
+from megatron.cc.codecs import CodecContext, get_codec, payload_bytes  # noqa: E402
 
 MODELS = {"gpt-2.5b": 1920, "gpt-8.3b": 3072, "gpt-175b": 12288}  # hidden sizes
 RANKS = (8, 16, 24, 32, 40)  # Optimus-CC Fig. 14 sweep

@@ -228,7 +228,7 @@ def rotation(nbytes: int, min_total: int, min_count: int = ROTATE_MIN,
 
 def message_cases(shape, device, sets: int) -> List[Case]:
     """The activation / gradient codecs on one (S, B, H) pipeline message."""
-    from megatron.cc.compress import get_codec
+    from megatron.cc.codecs import get_codec
     s, b, h = shape
     cases = [Case(f"fixpoint {bits}-bit {scheme}",
                   "fixpoint" if scheme == "fitted" else f"fixpoint-{scheme}", "fixpoint",
@@ -254,7 +254,7 @@ def message_cases(shape, device, sets: int) -> List[Case]:
 
 
 def coefficient_cases(hidden: int) -> List[Case]:
-    from megatron.cc.compress import get_codec
+    from megatron.cc.codecs import get_codec
     return [Case(f"subspace k={SUBSPACE_RANK} {SUBSPACE_BITS}-bit", "subspace", "subspace",
                  lambda: get_codec("subspace", hidden_size=hidden, rank=SUBSPACE_RANK,
                                    bits=SUBSPACE_BITS))]
@@ -262,8 +262,8 @@ def coefficient_cases(hidden: int) -> List[Case]:
 
 def bucket_cases() -> List[Case]:
     """The data-parallel pseudo-gradient codecs, as --dp-mode diloco / sparseloco build them."""
-    from megatron.cc.compress.chunk_topk import ChunkTopKCodec
-    from megatron.cc.grad_sync.flat_codecs import make_flat_codec
+    from megatron.cc.codecs.chunk_topk import ChunkTopKCodec
+    from megatron.cc.data_parallel.flat_codecs import make_flat_codec
     return [Case("DiLoCo int8 (pseudo-gradient)", "int8", "dp",
                  lambda: make_flat_codec("int8")),
             Case("DiLoCo fp16 (pseudo-gradient)", "fp16", "dp",
@@ -300,7 +300,7 @@ def make_inputs(shape, dtype, n: int, device, seed: int = 0) -> List[torch.Tenso
 def context(call: int, sets: int, batch: int, per_sample: bool):
     """Call `call`'s context: its step (CocktailSGD's rolling mask, the randomized SVD's test
     matrix) and, for the delta caches, the samples of input call % sets."""
-    from megatron.cc.compress import CodecContext
+    from megatron.cc.codecs import CodecContext
     ids = torch.arange(batch) + batch * (call % sets) if per_sample else None
     return CodecContext(microbatch=0, iteration=call, sample_ids=ids)
 
@@ -390,9 +390,9 @@ def state_nbytes(codec, shape, side: str) -> int:
     """Bytes of state one call reads and writes besides its input, payload and output:
     the delta caches' rows of the message's samples (both ends), LEP's fp32 error buffer
     and PowerSGD's Q (the sender)."""
-    from megatron.cc.compress import ActivationCache, DeltaCodec, LowRankCodec, \
+    from megatron.cc.codecs import ActivationCache, DeltaCodec, LowRankCodec, \
         RandomizedSVDCodec
-    from megatron.cc.compress.lowrank import matrix_dims
+    from megatron.cc.codecs.lowrank import matrix_dims
     if isinstance(codec, DeltaCodec):
         s, b, h = shape
         slot = ActivationCache.bytes_per_sample((s, h), codec.cache_args["dtype"],
@@ -425,7 +425,7 @@ def measure_case(case: Case, group: Group, xs, copy_ms: float, iters: int, devic
                  outputs: Optional[list] = None) -> Dict:
     """One row: encode timed on a sender of its own, then a second sender's payloads (the same
     sequence) decoded by a separate receiver, timed."""
-    from megatron.cc.compress import payload_bytes
+    from megatron.cc.codecs import payload_bytes
     warmup = warmup_calls(group, case)
     enc_ms = time_encode(case.make(), xs, group, case, warmup, iters, device)
     sender, receiver = case.make(), case.make()

@@ -1,7 +1,7 @@
 """The pipeline's own message pattern on the slow link, with compute replaced by sleeps.
 
 bench_slow_link.py measures whole training runs; this runs the same 1F1B loop
-(megatron.cc.schedule.forward_backward, real PipelineChannels over gloo between two ranks on
+(megatron.cc.pipeline.schedule.forward_backward, real PipelineChannels over gloo between two ranks on
 bench_slow_link's tbf-shaped veth pair) with a stand-in stage step that sleeps for each
 stage's measured compute (--slot-ms: forward + backward per micro-batch, a third forward),
 so the link is the only thing that varies. Per exchange mode (sync, prefetch = the
@@ -65,9 +65,9 @@ def worker(rank: int, master: str, port: int, mode: str, numel: int, slots, M: i
            iters: int) -> None:
     import torch
     import torch.distributed as dist
-    from megatron.cc.p2p import Link, PipelineChannels
-    from megatron.cc.schedule import Schedule, forward_backward
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.pipeline.p2p import Link, PipelineChannels
+    from megatron.cc.pipeline.schedule import Schedule, forward_backward
+    from megatron.cc.common.stats import ChannelStats
     dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank,
                             world_size=2)
     links = dict(next_fwd=Link("pp-fwd", 1), next_bwd=Link("pp-bwd", 1)) if rank == 0 else \

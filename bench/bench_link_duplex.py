@@ -6,7 +6,7 @@ in opposite directions at the same time. This measures what the slow-link bench'
 rate, two ranks in the two namespaces move N messages of S bytes:
   one_way    rank 0 sends, rank 1 receives (the link's one-direction time)
   both_ways  each sends to the other at once, one batch_isend_irecv of [isend, irecv] (the
-             order megatron.cc.transport used before 2026-11-26)
+             order megatron.cc.common.transport used before 2026-11-26)
   both_recv_first  the same with [irecv, isend] (the transport's order now)
   alternate  a send, then the reply (strictly one direction at a time)
 Each direction carries the same N x S bytes in every pattern; both / one_way is 1.0 for a

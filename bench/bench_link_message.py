@@ -8,7 +8,7 @@ pipeline uses it: after an idle gap (--gap, longer than the bucket's refill) ran
 message to B,
   alone     and nothing else moves;
   crossing  and B sends one of the same size to A, starting --offsets seconds after A
-            (receives posted first, as megatron.cc.transport posts them).
+            (receives posted first, as megatron.cc.common.transport posts them).
 Each message's time runs from its send to its receive's completion (one clock: both
 namespaces share the kernel's). Prints, per rate, size and pattern, the mean and the worst
 message next to the rule's prediction (the validator's link: tbf rate as TCP payload, 128 KiB

@@ -39,10 +39,10 @@ sys.path.insert(0, os.path.dirname(HERE))
 from bench_dp_modes import DEMO, batch_flags, warm_checkpoint  # noqa: E402
 from runlog import run_pretrain  # noqa: E402
 
-from megatron.cc.compress.chunk_topk import ChunkTopKCodec  # noqa: E402
-from megatron.cc.dp_modes.cocktail_sgd import sharded_exchange_bytes  # noqa: E402
-from megatron.cc.grad_sync.flat_codecs import make_flat_codec  # noqa: E402
-from megatron.cc.grad_sync.sparseloco import sync_bytes as gather_bytes  # noqa: E402
+from megatron.cc.codecs.chunk_topk import ChunkTopKCodec  # noqa: E402
+from megatron.cc.data_parallel.cocktail_sgd import sharded_exchange_bytes  # noqa: E402
+from megatron.cc.data_parallel.flat_codecs import make_flat_codec  # noqa: E402
+from megatron.cc.data_parallel.sparseloco_sync import sync_bytes as gather_bytes  # noqa: E402
 from megatron.training.checkpointing import atomic_write_text  # noqa: E402
 
 DP = 4

@@ -1,10 +1,13 @@
 """Imports run one way: tools/ and bench/ -> megatron.training -> megatron.cc.
 
-Every .py file under megatron/, tools/ and bench/ is parsed with `ast` (nothing imported);
-imports anywhere in a file count, deferred ones inside functions included, relative ones
-resolved against the file's package, and `importlib.import_module("...")` with a literal name
-too. Fails on a backward arrow, on an import cycle between modules of megatron/, and on an
-underscore name imported from another package. Each failure names file:line.
+Every .py file under megatron/, tools/ and bench/, and the entry script pretrain_gpt.py, is
+parsed with `ast` (nothing imported); imports anywhere in a file count, deferred ones inside
+functions included, relative ones resolved against the file's package, and
+`importlib.import_module("...")` with a literal name too. Fails on a backward arrow (the entry
+script sits with the driver: it imports nothing from tools/ or bench/, and they call the
+driver, not the script), on an import cycle between modules of megatron/ or between its
+packages, and on an underscore name imported from another package. Each failure names
+file:line.
 """
 import ast
 from pathlib import Path
@@ -14,7 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TREES = ("megatron", "tools", "bench")
 # Lower layers must not import higher ones.
-LAYERS = {"megatron.cc": 0, "megatron.training": 1, "tools": 2, "bench": 2}
+LAYERS = {"megatron.cc": 0, "megatron.training": 1, "pretrain_gpt": 1, "tools": 2, "bench": 2}
+ENTRY = ROOT / "pretrain_gpt.py"
 
 
 def _module_name(path: Path) -> str:
@@ -26,7 +30,9 @@ def _module_name(path: Path) -> str:
 
 def _modules():
     """{module name: path} of every .py file of ours."""
-    return {_module_name(p): p for tree in TREES for p in sorted((ROOT / tree).rglob("*.py"))}
+    found = {_module_name(p): p for tree in TREES for p in sorted((ROOT / tree).rglob("*.py"))}
+    found[_module_name(ENTRY)] = ENTRY
+    return found
 
 
 def _is_package(path: Path) -> bool:
@@ -84,6 +90,54 @@ def _where(path: Path, line: int) -> str:
     return f"{path.relative_to(ROOT)}:{line}"
 
 
+def _top_level_names(path: Path) -> set:
+    """Names a module defines or imports at its top level (what `from it import x` can take)."""
+    names = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try)):   # guarded definitions count too
+            names.update(_top_level_names_of(node))
+    return names
+
+
+def _top_level_names_of(node) -> set:
+    found = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, (ast.FunctionDef, ast.ClassDef)):
+            found.add(sub.name)
+        elif isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+            found.add(sub.id)
+        elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+            found.update((a.asname or a.name).split(".")[0] for a in sub.names)
+    return found
+
+
+def _unresolved(ours):
+    """file:line of every import of megatron.* (deferred ones included) in our code and the
+    tests naming no module of ours or no name its module defines: a module moved or renamed
+    without its callers."""
+    bad, names = [], {}
+    tests = {_module_name(p): p for p in sorted((ROOT / "tests").rglob("*.py"))}
+    for module, path in {**ours, **tests}.items():
+        for line, target, name in _imports(module, path, ours):
+            if not target.startswith(("megatron.cc", "megatron.training")):
+                continue
+            if target not in ours:
+                bad.append(f"{_where(path, line)}: no module {target}")
+            elif name and name != "*":
+                if target not in names:
+                    names[target] = _top_level_names(ours[target])
+                if name not in names[target]:
+                    bad.append(f"{_where(path, line)}: {target} has no {name}")
+    return sorted(set(bad))
+
+
 def _scan():
     ours = _modules()
     edges, backward, private = {}, [], []
@@ -93,7 +147,8 @@ def _scan():
             if not owner:
                 continue  # third party or stdlib (megatron.core included)
             src, dst = _layer(module), _layer(owner)
-            if src is not None and dst is not None and dst > src:
+            if src is not None and dst is not None and (
+                    dst > src or owner == "pretrain_gpt" and module != owner):
                 backward.append(f"{_where(path, line)}: {module} imports {target}")
             if owner.startswith("megatron.") and module.startswith("megatron.") and owner != module:
                 edges.setdefault(module, {}).setdefault(owner, (path, line))
@@ -101,6 +156,17 @@ def _scan():
                     and _package(owner, ours) != _package(module, ours)):
                 private.append(f"{_where(path, line)}: {module} imports private {target}.{name}")
     return edges, sorted(set(backward)), sorted(set(private))
+
+
+def _package_edges(edges, ours):
+    """The module edges lifted to their packages (megatron.cc.pipeline.p2p -> megatron.cc)."""
+    lifted = {}
+    for src, targets in edges.items():
+        for dst, where in targets.items():
+            a, b = _package(src, ours), _package(dst, ours)
+            if a != b:
+                lifted.setdefault(a, {}).setdefault(b, where)
+    return lifted
 
 
 def _cycles(edges):
@@ -161,6 +227,20 @@ def test_no_import_cycles_in_megatron(scan):
     assert not cycles, "\n".join(_describe(c, edges) for c in cycles)
 
 
+def test_no_import_cycles_between_packages(scan):
+    """A package is a layer of its own: two packages importing each other (even through
+    different modules) cannot be read, tested or moved apart."""
+    edges, _, _ = scan
+    packages = _package_edges(edges, _modules())
+    cycles = _cycles(packages)
+    assert not cycles, "\n".join(_describe(c, packages) for c in cycles)
+
+
+def test_imports_resolve():
+    bad = _unresolved(_modules())
+    assert not bad, "imports of modules or names that do not exist:\n" + "\n".join(bad)
+
+
 def test_no_private_names_across_packages(scan):
     _, _, private = scan
     assert not private, "underscore names imported from another package:\n" + "\n".join(private)
@@ -176,3 +256,7 @@ def test_checker_catches_each_kind(tmp_path):
     assert _layer("megatron.cc.a") < _layer("megatron.training.x") < _layer("tools.y")
     edges = {"a": {"b": (path, 1)}, "b": {"c": (path, 2)}, "c": {"a": (path, 3)}, "d": {"a": (path, 4)}}
     assert _cycles(edges) == [["a", "b", "c"]]
+    ours = {"p.x": path, "p.y": path, "q.z": path}   # two modules of p, one of q
+    lifted = _package_edges({"p.x": {"q.z": (path, 5)}, "q.z": {"p.y": (path, 6)}}, ours)
+    assert _cycles(lifted) == [["p", "q"]]
+    assert _layer("pretrain_gpt") == _layer("megatron.training.x")

@@ -41,7 +41,7 @@ if ROOT not in sys.path:
 from megatron.cc.plan.channel_bytes import channel_bytes  # noqa: E402
 from megatron.cc.plan.links import ClusterConfigError, load_cluster  # noqa: E402
 from megatron.cc.plan.shapes import ModelShape  # noqa: E402
-from megatron.cc.stats import ChannelStats  # noqa: E402
+from megatron.cc.common.stats import ChannelStats  # noqa: E402
 from megatron.training.auto_compression import layout_of  # noqa: E402
 from megatron.training.config_flags import ConfigError  # noqa: E402
 

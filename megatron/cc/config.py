@@ -1,7 +1,7 @@
 """Configuration of every compression channel (fwd, bwd, dp, emb), one dataclass; the dp,
-pipeline and emb channels' fields come from their plug-ins (megatron/cc/dp_modes/, one file
-per --dp-mode; megatron/cc/pp_methods/, one per --forward- / --backward-compress-method;
-megatron/cc/emb_methods/).
+pipeline and emb channels' fields come from their plug-ins (megatron/cc/data_parallel/, one file
+per --dp-mode; megatron/cc/pipeline/, one per --forward- / --backward-compress-method;
+megatron/cc/embedding/).
 
 The library (megatron.cc) receives this object in constructors and never reads flags itself;
 the training driver generates the flags from these fields (megatron.training.config_flags).
@@ -9,10 +9,10 @@ the training driver generates the flags from these fields (megatron.training.con
 from dataclasses import dataclass
 from typing import Optional
 
-from megatron.cc.config_fields import ConfigError, check_bounds, flag
-from megatron.cc.dp_modes import DpConfig
-from megatron.cc.emb_methods import EmbConfig
-from megatron.cc.pp_methods import LowRank, PpConfig, Subspace
+from megatron.cc.common.config_fields import ConfigError, check_bounds, flag
+from megatron.cc.data_parallel.registry import DpConfig
+from megatron.cc.embedding.registry import EmbConfig
+from megatron.cc.pipeline.registry import LowRank, PpConfig, Subspace
 
 
 @dataclass
@@ -44,7 +44,7 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
         2.0, "--compression auto: largest expected validation-loss gap in percent "
              "(megatron/cc/plan/quality.py's measured gaps; unmeasured schemes are left out).")
 
-    # ---- tp channel: Optimus-CC's tensor-parallel compression (megatron/cc/tp_reduce.py)
+    # ---- tp channel: Optimus-CC's tensor-parallel compression (megatron/cc/tensor_parallel/tp_reduce.py)
     mp_acti_comp: bool = flag(
         False, "PowerSGD (warm-started Q, no error feedback) on the forward all-reduce of the "
                "row-parallel layers (attention and MLP output projections); lossy. Needs "

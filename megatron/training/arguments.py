@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
-from megatron.cc.config_fields import check_bounds
+from megatron.cc.common.config_fields import check_bounds
 from megatron.cc.plan.shapes import default_ffn_hidden_size, padded_vocab_size
 from megatron.training.auto_flags import validate_auto_args
 from megatron.training.config_flags import (ConfigError, FlagParser, add_dataclass_flags, flag,
@@ -465,7 +465,7 @@ class Args:
 
     @property
     def scatter_gather(self) -> bool:
-        """Pipeline messages go scattered over the tp ranks (megatron.cc.p2p.ScatterGather).
+        """Pipeline messages go scattered over the tp ranks (megatron.cc.pipeline.p2p.ScatterGather).
         Not with sequence parallelism: the stage output already is the rank's shard."""
         return self.parallel.scatter_gather_tensors_in_pipeline and self.tp > 1 and \
             self.pp > 1 and not self.sequence_parallel
@@ -559,7 +559,7 @@ def validate_args(args: Args) -> None:
 def resolve_sync_rule(args: Args) -> None:
     """--diloco-sync-steps lr<p>:<K> -> the K sync steps of equal sum of lr^p under this run's
     learning-rate schedule (megatron-core's scheduler, as training steps it)."""
-    from megatron.cc.grad_sync.sync_schedule import equal_lr_windows, parse_rule
+    from megatron.cc.data_parallel.sync_schedule import equal_lr_windows, parse_rule
     c = args.compression
     rule = parse_rule(c.diloco_sync_steps)
     if rule is None:
@@ -577,8 +577,8 @@ def resolve_sync_rule(args: Args) -> None:
 def validate_final_sync(args: Args) -> None:
     """--diloco-final-compression (and --diloco-final-average) configure a sync after
     --train-iters: one must happen there (after the schedule is resolved and checked)."""
-    from megatron.cc.dp_modes.diloco import DiLoCoLoop
-    from megatron.cc.grad_sync.diloco import DiLoCoSync
+    from megatron.cc.data_parallel.diloco import DiLoCoLoop
+    from megatron.cc.data_parallel.diloco_sync import DiLoCoSync
     c, iters = args.compression, args.training.train_iters
     if c.dp_mode != "diloco" or not (c.diloco_final_compression or c.diloco_final_average):
         return

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from megatron.cc.background import BackgroundCall
+from megatron.cc.common.background import BackgroundCall
 from megatron.training.checkpoint_io import write_file
 from megatron.training.topology import cuda_available
 

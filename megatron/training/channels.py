@@ -4,12 +4,12 @@ The only place where flags meet megatron.cc: it picks codecs and modes from the
 CompressionConfig, takes process groups and peers from the rank's Topology, and hands both
 to the library's constructors.
 """
-from megatron.cc.dp_modes import DpRun, build_dp_channel
-from megatron.cc.emb_methods import build_emb_channel
-from megatron.cc.grad_sync import GradSync
-from megatron.cc.diagnostics import OrthogonalityProbe
-from megatron.cc.p2p import InterleavedChannels, PipelineChannels, ScatterGather
-from megatron.cc.speed import CompSpeed
+from megatron.cc.data_parallel.registry import DpRun, build_dp_channel
+from megatron.cc.embedding.registry import build_emb_channel
+from megatron.cc.grad_sync.sync import GradSync
+from megatron.cc.pipeline.diagnostics import OrthogonalityProbe
+from megatron.cc.pipeline.p2p import InterleavedChannels, PipelineChannels, ScatterGather
+from megatron.cc.common.speed import CompSpeed
 from megatron.training.initialize import group_timeout
 from megatron.training.nodes import spans_nodes
 from megatron.training import subspace
@@ -29,7 +29,7 @@ def scatter_gather(args, topo):
     """This rank's slice of every pipeline message at tp > 1 (None: whole messages).
 
     The library takes the tensor-parallel group, rank and size from here; see
-    megatron.cc.p2p.ScatterGather for why the slices are along the sequence. With sequence
+    megatron.cc.pipeline.p2p.ScatterGather for why the slices are along the sequence. With sequence
     parallelism (args.scatter_gather is False then) the message already is the shard."""
     if not args.scatter_gather:
         return None

@@ -1,12 +1,12 @@
 """--check-comp-ratio: the whole run's bytes per channel, printed once at the end.
 
-The per-interval counters (megatron.cc.stats) are reset at every log line; this keeps their
+The per-interval counters (megatron.cc.common.stats) are reset at every log line; this keeps their
 running sum, so the summary covers every training iteration (validation traffic is not counted,
 as in the log line).
 """
 from typing import Dict
 
-from megatron.cc.stats import CHANNELS, human_bytes
+from megatron.cc.common.stats import CHANNELS, human_bytes
 
 
 def accumulate(total: Dict[str, Dict[str, int]], interval: Dict[str, Dict[str, int]]) -> None:

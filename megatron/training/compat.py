@@ -3,7 +3,7 @@
 and everything here is detected by feature, not by version number. `UPSTREAM` lists what is
 relied on; tests/test_compat.py fails when an upgrade renames or re-signs one of them.
 
-It lives in the driver, not in megatron/cc/compat.py (torch's renames): megatron/cc never
+It lives in the driver, not in megatron/cc/common/compat.py (torch's renames): megatron/cc never
 imports megatron-core, and the filters below must be in place before megatron.core is first
 imported, which megatron/training/__init__.py guarantees.
 

@@ -12,7 +12,7 @@ import os
 import time
 import typing
 
-from megatron.cc.config_fields import ConfigError, flag  # noqa: F401  (re-exported)
+from megatron.cc.common.config_fields import ConfigError, flag  # noqa: F401  (re-exported)
 
 
 class FlagParser(argparse.ArgumentParser):

@@ -1,5 +1,5 @@
 """This stage's pipeline link ends, finished by the pp-fwd / pp-bwd registries
-(megatron/cc/pp_methods/): the driver only says which link it is (peer, sender, chunk) and
+(megatron/cc/pipeline/): the driver only says which link it is (peer, sender, chunk) and
 what the run contributes. Both ends of a link build the same codec from the same config and
 sender, so their codecs (and activation caches) start identical.
 
@@ -10,10 +10,10 @@ activation cache: every distinct sample one data-parallel replica will see.
 import os
 from typing import Optional
 
-from megatron.cc.compress import CacheTooLarge
-from megatron.cc.compress.delta import mem_available
-from megatron.cc.p2p import Link
-from megatron.cc.pp_methods import LinkEnd, pp_codec, pp_link
+from megatron.cc.codecs import CacheTooLarge
+from megatron.cc.codecs.delta import mem_available
+from megatron.cc.pipeline.p2p import Link
+from megatron.cc.pipeline.registry import LinkEnd, pp_codec, pp_link
 from megatron.training.config_flags import ConfigError
 from megatron.training.nodes import spans_nodes
 

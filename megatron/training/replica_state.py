@@ -1,5 +1,5 @@
 """The parameter-syncing dp modes' checkpoint component (the modes themselves are plug-ins in
-megatron/cc/dp_modes/)."""
+megatron/cc/data_parallel/)."""
 
 
 class ReplicaState:

@@ -63,7 +63,7 @@ gradient: x0 enters the loss on every stage that rebuilds it (stage s's blocks r
 so dL/dE = sum over stages of each stage's local dL/dE (on stage 0 the direct path x0 -> x ->
 c = U^T (x - x0) cancels, and only what its blocks read of x0 counts). After backward, the
 copies' gradients are summed over the pipeline group (all stages of one replica and tp rank;
-megatron/cc/grad_sync/replica_embedding.py) and written into every copy, so every copy takes
+megatron/cc/embedding/replica_embedding.py) and written into every copy, so every copy takes
 the same step. With tied embeddings the last stage first adds its copy's gradient into the
 output weight's, so Megatron's usual first + last emb sum carries both of its uses; at pp 2
 that sum is then already the whole word gradient and no second all-reduce is made. What
@@ -225,7 +225,7 @@ def global_name(name: str) -> str:
 
 def embedding_tables(model, pp: int, dp_group=None):
     """This stage's replicated tables (word, positions) for ReplicaEmbeddingSync."""
-    from megatron.cc.grad_sync.replica_embedding import LookedUpRows, ReplicaTable
+    from megatron.cc.embedding.replica_embedding import LookedUpRows, ReplicaTable
     if not getattr(model, "sends_coefficients", False):
         return []
     embed = model.embedding if model.pre_process else model.x0_embedding
@@ -245,7 +245,7 @@ def wrap_emb_channel(args, emb, model, topo, stats):
     """The emb channel with the x0 copies' gradients summed over the stages."""
     if not sends_coefficients(args):
         return emb
-    from megatron.cc.grad_sync.replica_embedding import ReplicaEmbeddingSync
+    from megatron.cc.embedding.replica_embedding import ReplicaEmbeddingSync
     from megatron.cc.grad_sync.sync import unwrap
     return ReplicaEmbeddingSync(emb, topo.pp_group, stats,
                                 embedding_tables(unwrap(model), args.pp, topo.dp_group))
@@ -254,7 +254,7 @@ def wrap_emb_channel(args, emb, model, topo, stats):
 def expected_bytes_per_message(args) -> Tuple[int, int]:
     """(bytes on the wire, uncompressed fp32-equivalent bytes) of one pipeline message of
     one tp rank, in the pipeline dtype: the formula the log line must match."""
-    from megatron.cc.compress.quant import packed_nbytes
+    from megatron.cc.numerics.quant import packed_nbytes
     s, b, h, k = args.pipeline_seq_length, args.training.micro_batch_size, \
         args.model.hidden_size, rank(args)
     elem = 2 if (args.model.bf16 or args.model.fp16) else 4

@@ -3,7 +3,7 @@ ask for and the combinations that cannot work. Apart from the model so that pars
 them without importing megatron-core."""
 from typing import Optional
 
-from megatron.cc.pp_methods.subspace import Subspace, default_write_scale
+from megatron.cc.pipeline.subspace import Subspace, default_write_scale
 from megatron.training.config_flags import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""Route megatron-core's tensor-parallel all-reduces through the tp channel (megatron/cc/tp_reduce.py).
+"""Route megatron-core's tensor-parallel all-reduces through the tp channel (megatron/cc/tensor_parallel/tp_reduce.py).
 
 At tp > 1 (without sequence parallelism) megatron-core sums over the tensor-parallel group:
     row-parallel layers (attention and MLP output projections)   their partial outputs, forward
@@ -11,7 +11,7 @@ around it: the same all-reduce of the same tensor unless --mp-acti-comp / --mp-g
 compress it); the last two are counted. The optimizer's grad-norm all-reduce (one float over
 the model-parallel group) is not counted.
 
-With --sequence-parallel (megatron/cc/tp_reduce.py's module doc has the byte unit):
+With --sequence-parallel (megatron/cc/tensor_parallel/tp_reduce.py's module doc has the byte unit):
     row-parallel layers          reduce-scatter of the partial outputs, forward (taken over:
                                  --mp-acti-comp compresses it); all-gather of the output
                                  gradient, backward (ours, exact)
@@ -32,7 +32,7 @@ from megatron.core.tensor_parallel.layers import (ColumnParallelLinear, RowParal
 from megatron.core.models.common.embeddings.language_model_embedding import (
     LanguageModelEmbedding)
 
-from megatron.cc.tp_reduce import LowRankSum, TensorParallelReduce, gathered_bytes
+from megatron.cc.tensor_parallel.tp_reduce import LowRankSum, TensorParallelReduce, gathered_bytes
 
 
 class _ForwardSum(torch.autograd.Function):

@@ -19,11 +19,11 @@ import torch.distributed as dist
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-from megatron.cc.grad_sync.replica_adam import use_replica_adam
+from megatron.cc.data_parallel.replica_adam import use_replica_adam
 from megatron.training.channels import build_grad_sync, build_pipeline_channels
 from megatron.training.nodes import node_of_ranks
-from megatron.cc.schedule import PAIRED, PREFETCH, SYNC, Schedule, forward_backward, run_backward
-from megatron.cc.stats import ChannelStats
+from megatron.cc.pipeline.schedule import PAIRED, PREFETCH, SYNC, Schedule, forward_backward, run_backward
+from megatron.cc.common.stats import ChannelStats
 from megatron.training import data as data_mod
 from megatron.training import comp_summary, subspace
 from megatron.training.batch_rampup import BatchRampup
@@ -95,7 +95,7 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, tp_rank
 
 @dataclass
 class StageStep:
-    """Forward/backward of this pipeline stage for one micro-batch (see megatron.cc.schedule):
+    """Forward/backward of this pipeline stage for one micro-batch (see megatron.cc.pipeline.schedule):
     the model, where the rank sits, this step's micro-batches and the loss; nothing else."""
     model: Any
     topo: Topology

@@ -5,7 +5,7 @@ backend gets its own groups over the same ranks (created collectively, on every 
 """
 import torch.distributed as dist
 
-from megatron.cc.transport import P2PTransport
+from megatron.cc.common.transport import P2PTransport
 
 
 def _differs(backend) -> bool:

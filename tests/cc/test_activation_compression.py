@@ -176,10 +176,10 @@ def test_warmup_epochs_and_default_cache_size(tiny_corpus):
 
 # ------------------------------------------------------------------------------ one link
 def _link_worker(rank, world):
-    from megatron.cc.compress import get_codec
-    from megatron.cc.p2p import Link, Message, PipelineChannels
-    from megatron.cc.policy import WarmupPolicy
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.codecs import get_codec
+    from megatron.cc.pipeline.p2p import Link, Message, PipelineChannels
+    from megatron.cc.pipeline.policy import WarmupPolicy
+    from megatron.cc.common.stats import ChannelStats
     shape = (8, 2, 16)
     codec = get_codec("delta", bits=4, capacity=6, sample_shape=(8, 16))
     link = Link("pp-fwd", 1 - rank, codec, WarmupPolicy(1))
@@ -209,7 +209,7 @@ def _link_worker(rank, world):
 
 
 def test_first_sight_warmup_and_evaluation_on_one_link():
-    from megatron.cc.compress import get_codec
+    from megatron.cc.codecs import get_codec
     send, recv = run_distributed(_link_worker, 2, timeout=120)
     x0, x1, x2 = (torch.from_numpy(x) for x in send["x"])
     out = [torch.from_numpy(o) for o in recv["out"]]
@@ -258,7 +258,7 @@ def _train(argv, world, load=None, stats_channels=("pp-fwd", "pp-bwd")):
     """One Trainer: (losses on the last rank, this rank's link states, job-wide bytes)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.common.stats import ChannelStats
     from megatron.training.arguments import parse_args
     from megatron.training.initialize import initialize_distributed
     from megatron.training.training import Trainer

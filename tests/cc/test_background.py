@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from megatron.cc.background import BackgroundCall
+from megatron.cc.common.background import BackgroundCall
 
 
 def test_value_and_done():

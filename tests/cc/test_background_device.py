@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from megatron.cc import background
+from megatron.cc.common import background
 
 
 class _Recorder:

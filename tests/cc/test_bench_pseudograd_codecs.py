@@ -51,7 +51,7 @@ def test_a_directory_without_captures_is_refused(tmp_path):
 
 
 def test_captures_of_several_stages_are_refused(tmp_path):
-    from megatron.cc.grad_sync.pseudo_grad_capture import save_pseudo_gradient
+    from megatron.cc.data_parallel.pseudo_grad_capture import save_pseudo_gradient
     for rank, shapes in ((0, [(4,)]), (1, [(2, 2)])):   # two stages, dp 1 each
         save_pseudo_gradient(str(tmp_path), torch.ones(4), shapes, 50, 0, rank, 0, 1)
     with pytest.raises(SystemExit, match="pipeline parallel size 1"):

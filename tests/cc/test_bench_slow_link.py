@@ -33,7 +33,7 @@ def test_parse_line_reads_the_log_line_of_the_trainer():
 
 def test_the_line_format_is_the_one_stats_prints():
     """The bench parses ChannelStats.format's own output (exact to 0.1% at 3 decimals)."""
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.common.stats import ChannelStats
     s = ChannelStats()
     s.add("pp-fwd", 1_052_672, 8 * 1_052_672)
     s.add_wait("pp-bwd", 0.25)

@@ -42,7 +42,7 @@ def test_cb_in_pipeline(tiny_corpus):
 
 def test_backward_codec_gets_every_cb_option():
     from megatron.cc.config import CompressionConfig
-    from megatron.cc.pp_methods import LinkEnd, pp_codec
+    from megatron.cc.pipeline.registry import LinkEnd, pp_codec
 
     def backward_codec(c, seed):   # as the driver builds a bwd link end's codec
         return pp_codec(c, "pp-bwd", LinkEnd("pp-bwd", comp_seed=seed))

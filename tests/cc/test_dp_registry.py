@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 
 from megatron.cc.config import CompressionConfig
-from megatron.cc.config_fields import ConfigError
-from megatron.cc.dp_modes import ALIASES, DP_MODES
+from megatron.cc.common.config_fields import ConfigError
+from megatron.cc.data_parallel.registry import ALIASES, DP_MODES
 from megatron.training.arguments import build_parser, parse_args
 
 

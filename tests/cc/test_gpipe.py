@@ -2,7 +2,7 @@
 same messages as 1F1B (checked with a recording channel, no process group)."""
 import pytest
 
-from megatron.cc.schedule import Schedule, forward_backward
+from megatron.cc.pipeline.schedule import Schedule, forward_backward
 
 GPIPE = Schedule(gpipe=True)
 

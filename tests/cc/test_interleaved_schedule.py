@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from megatron.cc.policy import (BackwardCompressionPolicy, interleaved_backward,
+from megatron.cc.pipeline.policy import (BackwardCompressionPolicy, interleaved_backward,
                                 interleaved_table, num_warmup_interleaved)
-from megatron.cc.schedule import (PAIRED, PREFETCH, SYNC, Schedule, forward_backward,
+from megatron.cc.pipeline.schedule import (PAIRED, PREFETCH, SYNC, Schedule, forward_backward,
                                   interleaved_order)
 
 
@@ -295,7 +295,7 @@ def test_prefetch_keeps_the_neighbours_lead_of_receives_posted(pp, vp, M):
     on (the most sends a neighbour can post before it needs one back):
     one ahead lets the upstream rank's sends meet no receive, and on gloo such sends make
     the two directions take turns (docs/overlap_and_slow_links.md, "Prefetch depth")."""
-    from megatron.cc.schedule import prefetch_depth
+    from megatron.cc.pipeline.schedule import prefetch_depth
     assert [prefetch_depth(p, 1, 8) for p in (2, 4)] == [2, 4]
     assert [prefetch_depth(2, 2, 8), prefetch_depth(4, 2, 8), prefetch_depth(4, 3, 8)] == \
         [5, 11, 15]

@@ -36,7 +36,7 @@ LAYOUTS = {  # world -> (tp, pp, families)
 def _channels(trainer):
     """Whole-job bytes per channel, and how many dp buckets started during backward."""
     import torch.distributed as dist
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.common.stats import ChannelStats
     snaps = [None] * dist.get_world_size()
     dist.all_gather_object(snaps, trainer.stats.snapshot())
     dp = trainer.grad_sync.dp
@@ -84,7 +84,7 @@ def test_overlap_gives_identical_losses_and_bytes(tiny_corpus, world):
 
 
 def test_wait_times_reach_the_log_line():
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.common.stats import ChannelStats
     a, b = ChannelStats(), ChannelStats()
     a.add("pp-fwd", 100, 400)
     a.add_wait("pp-fwd", 0.030)

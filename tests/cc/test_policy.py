@@ -8,8 +8,8 @@ each receiver must evaluate the same decision for the same message.
 """
 import pytest
 
-from megatron.cc.policy import BackwardCompressionPolicy
-from megatron.cc.schedule import forward_backward
+from megatron.cc.pipeline.policy import BackwardCompressionPolicy
+from megatron.cc.pipeline.schedule import forward_backward
 
 
 class _Msgs:

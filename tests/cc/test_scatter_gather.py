@@ -1,4 +1,4 @@
-"""Scatter-gather pipeline sends (megatron.cc.p2p.ScatterGather), in one process.
+"""Scatter-gather pipeline sends (megatron.cc.pipeline.p2p.ScatterGather), in one process.
 
 Each tp rank sends its (S/tp, B, H) slice; the codec and the byte counts see the slice; the
 receiver decodes its slice and all-gathers. The transport is a stub that hands every receive
@@ -9,9 +9,9 @@ all-gather runs in every tp > 1 multi-process test (scatter-gather is the defaul
 import pytest
 import torch
 
-from megatron.cc.compress import get_codec
-from megatron.cc.p2p import Link, Message, PipelineChannels, ScatterGather
-from megatron.cc.stats import ChannelStats
+from megatron.cc.codecs import get_codec
+from megatron.cc.pipeline.p2p import Link, Message, PipelineChannels, ScatterGather
+from megatron.cc.common.stats import ChannelStats
 
 S, B, H, TP = 8, 2, 16, 2
 

@@ -1,4 +1,4 @@
-"""--check-comp-speed's meter (megatron/cc/speed.py) on the CPU (CUDA: tests/gpu/).
+"""--check-comp-speed's meter (megatron/cc/common/speed.py) on the CPU (CUDA: tests/gpu/).
 
 - A timed codec returns exactly what the codec returns, keeps its state and attributes, and
   adds one "comp" and one "decomp" observation per message, in GB/s of uncompressed bytes;
@@ -10,9 +10,9 @@ import time
 import pytest
 import torch
 
-from megatron.cc.compress import CodecContext, get_codec
-from megatron.cc.speed import CompSpeed, SpeedRecord, TimedCodec, record
-from megatron.cc.stats import ChannelStats
+from megatron.cc.codecs import CodecContext, get_codec
+from megatron.cc.common.speed import CompSpeed, SpeedRecord, TimedCodec, record
+from megatron.cc.common.stats import ChannelStats
 
 
 def test_timed_codec_is_the_codec_plus_two_observations():
@@ -77,7 +77,7 @@ def test_timed_codec_forwards_every_codec_hook():
     """Every hook declared on Codec reaches the wrapped codec: the channel calls them on the
     TimedCodec (observe, close, describe, error, ...) without asking whether they exist."""
     import inspect
-    from megatron.cc.compress.base import Codec
+    from megatron.cc.codecs.base import Codec
     hooks = sorted(n for n, v in vars(Codec).items() if callable(v) and not n.startswith("_")
                    and n not in ("encode", "decode"))   # timed: the test above
     assert {"observe", "error", "describe", "close", "pass_through"} <= set(hooks)

@@ -1,10 +1,10 @@
-"""megatron.cc.transport.P2PTransport without process groups: every batch posts its receives
+"""megatron.cc.common.transport.P2PTransport without process groups: every batch posts its receives
 before its sends (on gloo, send-first batches make two crossing messages take turns:
 bench/bench_link_duplex.py), and each handle still belongs to its own transfer."""
 import torch
 import torch.distributed as dist
 
-from megatron.cc import transport
+from megatron.cc.common import transport
 
 
 class _Op:

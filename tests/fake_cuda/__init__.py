@@ -39,9 +39,9 @@ Defects this tier found (each test failed before its fix):
         over gloo (test_training_step, all 6 cases) -- megatron/cc/grad_sync/sync.py
     delta / delta-lowbits built without sample_shape, resumed: cache rebuilt on the CPU,
         "the activation cache serves cpu" at the first GPU message (test_codecs, delta cases)
-        -- megatron/cc/compress/delta.py
+        -- megatron/cc/codecs/delta.py
     adpsgd on gloo: batch_isend_irecv of CUDA weights, which gloo cannot send
-        (test_dp_modes[gloo-adpsgd]) -- megatron/cc/grad_sync/preduce.py
+        (test_dp_modes[gloo-adpsgd]) -- megatron/cc/data_parallel/preduce_sync.py
     CocktailSGD / DiLoCo resumed: global copy, momentum, residual, in-flight job and server
         errors left on the CPU (device mismatch; NCCL refusing a CPU all-reduce; DiLoCo's outer
         step silently on the CPU over gloo) (test_dp_modes cocktail*/diloco*) --
@@ -58,7 +58,7 @@ Mistakes injected on purpose to prove the tier catches them (then reverted):
     (c) `.item()` in a codec's encode (FixpointCodec.encode: `if x.abs().max().item() == 0`)
         -> test_codecs (every fixpoint case) and test_pipeline_channels[fixpoint-*]:
         "HostSync: host sync inside a strict block: read aten._local_scalar_dense.default
-        (.item()/bool()/tolist() of a cuda tensor) at megatron/cc/compress/quant.py:393 (encode)"
+        (.item()/bool()/tolist() of a cuda tensor) at megatron/cc/numerics/quant.py:393 (encode)"
     (d) coalesced gloo all-reduce on CUDA (sync.allreduce_buckets wrapped in
         dist._coalescing_manager; or the GradSync fix reverted) -> test_training_step[gpt2-fp32]
         and test_dp_modes[gloo-allreduce]: "GlooRefuses: ProcessGroupGloo::allreduce_coalesced:

@@ -834,11 +834,11 @@ class FakeGPU:
         return False
 
     def _threads_too(self, stack):
-        """megatron.cc.background's threads run inline, at start(): dispatch modes are per
+        """megatron.cc.common.background's threads run inline, at start(): dispatch modes are per
         thread and one FakeTensorMode cannot serve two threads at once (its in-kernel flag is
         shared, the dispatch keys are not). The job's CUDA handling (device, own stream,
         record_stream) runs as written; only the concurrency is gone."""
-        from megatron.cc import background
+        from megatron.cc.common import background
         self._set(stack, background, "threading", _InlineThreading)
 
     def _set(self, stack, obj, name, value):

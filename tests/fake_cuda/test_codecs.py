@@ -11,8 +11,8 @@ the same list) plus the activation-cache storages; the compiled (Triton) path is
 import pytest
 import torch
 
-from megatron.cc.compress import REGISTRY
-from megatron.cc.compress.base import check_payload
+from megatron.cc.codecs import REGISTRY
+from megatron.cc.codecs.base import check_payload
 from tests.cc.compress.codec_cases import CASES, build, context
 from tests.fake_cuda.fake_gpu import real_copy
 
@@ -102,6 +102,6 @@ def test_disk_cache_on_gpu_copies_down_blocking(gpu, tmp_path):
     ctx = context(SHAPE)
     dec.decode(enc.encode(x, ctx), x.shape, x.dtype, ctx)
     syncs = [e for e in gpu.events[start:] if e.kind in ("read", "d2h", "sync")]
-    assert syncs and all(e.kind == "d2h" and "compress/delta.py" in e.where for e in syncs)
+    assert syncs and all(e.kind == "d2h" and "codecs/delta.py" in e.where for e in syncs)
     enc.close()
     dec.close()

@@ -18,7 +18,7 @@ as the engine would, after backward).
 import pytest
 import torch
 
-from megatron.cc.stats import ChannelStats
+from megatron.cc.common.stats import ChannelStats
 from tests.conftest import tiny_gpt_argv
 from tests.fake_cuda.fake_gpu import FakeGPU, FakeGroup, guard_library, real_copy
 from tests.fake_cuda.test_training_step import SMALL, build_trainer, unexpected_reads
@@ -47,8 +47,8 @@ MODES = {
 # host syncs a dp mode may make: gloo is a host library, so CUDA messages to it are staged
 # through host memory (the copy down must be complete before gloo reads it); and the wait
 # of a background job's own thread for its stream (background.py; inline here)
-GLOO_STAGING = ("megatron/cc/transport.py", "megatron/cc/grad_sync/sharded_exchange.py")
-BACKGROUND = "megatron/cc/background.py"
+GLOO_STAGING = ("megatron/cc/common/transport.py", "megatron/cc/data_parallel/sharded_exchange.py")
+BACKGROUND = "megatron/cc/common/background.py"
 
 
 def _unexpected(gpu, start):
@@ -151,9 +151,9 @@ def test_dp_mode_per_rank_compute(world, mode):
 def test_emb_channel_per_rank_compute(world, channel):
     """The tied embedding gradient summed over a 2-rank embedding group (first and last
     stage), plain (Megatron), fused with the dp scaling (Optimus-CC FE), or PowerSGD."""
-    from megatron.cc.grad_sync import (EmbeddingSync, ExactDataParallelSync,
-                                       FusedEmbeddingSync, GradSync)
-    from megatron.cc.grad_sync.emb_powersgd import EmbPowerSGDSync
+    from megatron.cc.embedding.fused_sync import FusedEmbeddingSync
+    from megatron.cc.grad_sync.sync import EmbeddingSync, ExactDataParallelSync, GradSync
+    from megatron.cc.embedding.powersgd_sync import EmbPowerSGDSync
     from megatron.cc.grad_sync.sync import shared_embedding_weight
     gpu, trainer = world
     stats, group = ChannelStats(), FakeGroup(2, backend=gpu.backend)

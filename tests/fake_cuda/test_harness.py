@@ -125,7 +125,7 @@ def test_unshimmed_megatron_was_captured_before_the_shim():
 
 def test_patched_upstream_names_exist():
     """What fake_gpu.py reaches into; an upgrade that moves one fails here by name."""
-    from megatron.cc import background
+    from megatron.cc.common import background
     from megatron.core.distributed import param_and_grad_buffer
     from megatron.core.distributed.distributed_data_parallel import DistributedDataParallel
     from megatron.core.tensor_parallel import random as tp_random

@@ -11,8 +11,8 @@ keeps what it was allocated with; sizes, dtypes, devices and the calls are what 
 import pytest
 import torch
 
-from megatron.cc.p2p import Message
-from megatron.cc.stats import ChannelStats
+from megatron.cc.pipeline.p2p import Message
+from megatron.cc.common.stats import ChannelStats
 from tests.conftest import tiny_gpt_argv
 from tests.fake_cuda.fake_gpu import real_copy
 
@@ -71,7 +71,7 @@ def assert_staging_syncs_only(gpu, start, backend):
     """gloo: the staging's one wait per batch with a send, nothing else; NCCL: none."""
     syncs = gpu.syncs(since=start)
     if backend == "gloo":
-        assert syncs and all(e.kind == "sync" and "megatron/cc/transport.py" in e.where
+        assert syncs and all(e.kind == "sync" and "megatron/cc/common/transport.py" in e.where
                              for e in syncs)
     else:
         assert syncs == []

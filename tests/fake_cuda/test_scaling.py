@@ -14,8 +14,8 @@ raises), on gloo and on NCCL.
 import pytest
 import torch
 
-from megatron.cc.p2p import Message
-from megatron.cc.stats import ChannelStats
+from megatron.cc.pipeline.p2p import Message
+from megatron.cc.common.stats import ChannelStats
 from tests.fake_cuda.fake_gpu import FakeGroup, real_copy
 from tests.fake_cuda.test_pipeline_channels import (B, FLAGS, H, S, _channels,
                                                     assert_staging_syncs_only)
@@ -63,7 +63,7 @@ def test_interleaved_chunk_links(fake_gpu, tiny_corpus, codecs, backend):
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
 @pytest.mark.parametrize("compressed", [False, True], ids=["exact", "mp-acti-comp"])
 def test_sequence_parallel_tp_sums(fake_gpu, backend, compressed):
-    from megatron.cc.tp_reduce import LowRankSum, TensorParallelReduce
+    from megatron.cc.tensor_parallel.tp_reduce import LowRankSum, TensorParallelReduce
     with fake_gpu(backend=backend) as gpu:
         stats = ChannelStats()
         reduce = TensorParallelReduce(FakeGroup(2, 0, backend), stats,

@@ -19,7 +19,7 @@ def test_codec_without_host_sync_on_cpu():
     """compress and decompress run under `no_host_sync()` (HostSync is an AssertionError) and
     still do their job: the payload is the formula's bytes, and the dense result keeps exactly
     each chunk's k largest magnitudes (torch.topk on the input) at their positions."""
-    from megatron.cc.compress.chunk_topk import ChunkTopKCodec
+    from megatron.cc.codecs.chunk_topk import ChunkTopKCodec
     x = torch.randn(9000, generator=torch.Generator().manual_seed(0))
     for (density, C, bits, stochastic), nbytes in CODECS.items():
         codec = ChunkTopKCodec(density, C, bits, stochastic=stochastic)
@@ -42,8 +42,8 @@ def test_codec_without_host_sync_on_cpu():
 
 def test_exchange_on_a_fake_gpu(gpu):
     import torch.distributed as dist
-    from megatron.cc.compress.chunk_topk import ChunkTopKCodec
-    from megatron.cc.grad_sync.gather_exchange import GatherExchange
+    from megatron.cc.codecs.chunk_topk import ChunkTopKCodec
+    from megatron.cc.data_parallel.gather_exchange import GatherExchange
     for codec in (ChunkTopKCodec(1 / 64, 4096, 2, stochastic=True), ChunkTopKCodec(1.0, 64, 8)):
         ex = GatherExchange(dist.group.WORLD, codec)
         x = torch.randn(9000).to(gpu.device)

@@ -9,7 +9,7 @@ GPU, where that means world size 1. NCCL refuses two ranks on one GPU, so the mu
 ((2,2,2) on one GPU) run on gloo, which takes CUDA tensors in all-reduce, broadcast and
 all-gather but refuses them in send/recv (it crashes: "writev ... Bad address") and in a
 coalesced all-reduce ("unsupported device type cuda"). The training code must stage the former
-(megatron.cc.transport) and split the latter (megatron.cc.grad_sync.sync.coalescing_refused);
+(megatron.cc.common.transport) and split the latter (megatron.cc.grad_sync.sync.coalescing_refused);
 the fake-CUDA tier (tests/fake_cuda) proves it on every CPU run, and `gloo_guard` turns a
 regression on the GPU into a named error in the rank that made it instead of a crash or hang.
 """
@@ -41,7 +41,7 @@ def refusal(op: str, tensors, backend: str, coalescing: bool = False):
         return None
     if op in ("send", "recv", "isend", "irecv", "batch_isend_irecv"):
         return (f"{op} of a CUDA tensor on a gloo group: gloo moves host memory only (stage "
-                f"through pinned host buffers, megatron.cc.transport.P2PTransport)")
+                f"through pinned host buffers, megatron.cc.common.transport.P2PTransport)")
     if op == "all_reduce_coalesced" or (op == "all_reduce" and coalescing):
         return ("a coalesced all-reduce of CUDA tensors on a gloo group: gloo's "
                 "allreduce_coalesced refuses them (all-reduce each bucket, "

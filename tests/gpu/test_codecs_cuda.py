@@ -6,7 +6,7 @@ the eager reference. Skipped without CUDA."""
 import pytest
 import torch
 
-from megatron.cc.compress.base import payload_bytes
+from megatron.cc.codecs.base import payload_bytes
 from tests.cc.compress.codec_cases import CASES, IDS, build, context
 from tests.sync_guard import no_host_sync
 
@@ -89,7 +89,8 @@ def test_delta_cache_storage_on_gpu(storage):
 def test_fused_fixpoint_equals_eager(bits, dtype, scheme, monkeypatch):
     """The Triton kernels against the eager reference, both on CUDA, bit for bit; fitted
     scales sum in the kernels' order (megatron/cc/kernels/group_sums.py)."""
-    from megatron.cc.compress import fused, quant
+    from megatron.cc.codecs import fused
+    from megatron.cc.numerics import quant
     from megatron.cc.kernels import group_sums
     x = torch.randn(1024, 8, 1920, device="cuda").to(dtype)
     args = (bits, "channel", 128, torch.float16, scheme)

@@ -24,7 +24,8 @@ def sample(shape, dtype=torch.float32, seed=0):
 @pytest.mark.parametrize("bits", [1, 3, 4, 8])
 @pytest.mark.parametrize("scheme", ["fitted", "absmax", "seed"])
 def test_fixpoint(granularity, group, bits, scheme):
-    from megatron.cc.compress import fused, quant
+    from megatron.cc.codecs import fused
+    from megatron.cc.numerics import quant
     from megatron.cc.kernels import fixpoint, group_sums
     x = sample((96, 4, 333), torch.bfloat16, seed=bits)
     packed, scales = fixpoint.encode(x, bits, granularity, group, torch.float16, scheme)
@@ -39,8 +40,10 @@ def test_fixpoint(granularity, group, bits, scheme):
 
 
 def test_delta_step():
-    from megatron.cc.compress import get_codec, quant
-    from megatron.cc.kernels import delta, dispatch, group_sums
+    from megatron.cc.codecs import get_codec
+    from megatron.cc.numerics import quant
+    from megatron.cc.codecs import delta_kernels as delta
+    from megatron.cc.kernels import dispatch, group_sums
     assert dispatch.enabled(torch.empty(1, device=DEV))
     q = get_codec("fixpoint", bits=4)
     x = sample((64, 4, 200), torch.bfloat16, seed=1)
@@ -55,7 +58,7 @@ def test_delta_step():
 
 @pytest.mark.parametrize("t", [2, 16, 64])
 def test_tah(t):
-    from megatron.cc.compress import get_codec
+    from megatron.cc.codecs import get_codec
     from megatron.cc.kernels import tah
     codec = get_codec("tah", tile_size=t)
     x = sample((128, 4, 300), torch.bfloat16, seed=t)

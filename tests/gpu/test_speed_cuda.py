@@ -3,9 +3,9 @@ their events complete (drain), in order. Skipped without CUDA."""
 import pytest
 import torch
 
-from megatron.cc.compress import CodecContext, get_codec
-from megatron.cc.speed import CompSpeed, TimedCodec
-from megatron.cc.stats import ChannelStats
+from megatron.cc.codecs import CodecContext, get_codec
+from megatron.cc.common.speed import CompSpeed, TimedCodec
+from megatron.cc.common.stats import ChannelStats
 from tests.sync_guard import no_host_sync
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

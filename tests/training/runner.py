@@ -29,7 +29,7 @@ def train(argv, world_size):
 
 def train_with_stats(argv, world_size, channel):
     """Train; return (last rank's losses, whole-job {sent, raw, messages} of `channel`)."""
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.common.stats import ChannelStats
 
     def totals(trainer):
         snapshots = [None] * dist.get_world_size()

@@ -216,7 +216,7 @@ def test_sync_rule_follows_the_learning_rate(tiny_corpus, schedule, want):
 
 def test_sync_rule_windows():
     """Equal sums of lr^p; a window per step where the budget runs out; rule syntax."""
-    from megatron.cc.grad_sync.sync_schedule import equal_lr_windows, parse_rule
+    from megatron.cc.data_parallel.sync_schedule import equal_lr_windows, parse_rule
     assert equal_lr_windows([1.0] * 12, 2, 4) == (3, 6, 9, 12)
     assert equal_lr_windows([4.0, 1.0, 1.0, 1.0, 1.0], 1, 2) == (1, 5)  # half the sum at once
     assert equal_lr_windows([1.0, 0.0, 0.0, 0.0], 2, 4) == (1, 2, 3, 4)  # one step each

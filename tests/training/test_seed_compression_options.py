@@ -126,7 +126,7 @@ RESUME = {   # 8 iterations; each new piece of state mid-flight at the save afte
 def _totals(trainer):
     import torch.distributed as dist
     from megatron.cc.grad_sync.sync import shared_embedding_weight
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.common.stats import ChannelStats
     w = shared_embedding_weight(trainer.model)
     trainer.final_embedding = None if w is None else w.detach().numpy().copy()
     layout = getattr(trainer.grad_sync.dp, "_layout", None)
@@ -250,7 +250,7 @@ def test_start_up_notes(tiny_corpus):
 
 
 def test_check_comp_speed_on_the_log_line(runs):
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.common.stats import ChannelStats
     totals = _stats(runs, "speed")
     for key in ("pp-bwd comp GB/s", "pp-bwd decomp GB/s", "dp comp GB/s", "dp decomp GB/s",
                 "emb comp GB/s", "emb decomp GB/s"):

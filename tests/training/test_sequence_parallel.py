@@ -46,7 +46,7 @@ SC = {"tensor-model-parallel-size": 2, "grad-comp": True, "grad-comp-rank": 2,
 
 def _all_stats(argv, world):
     """(last rank's losses, whole-job {channel: {sent, raw, messages}})."""
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.common.stats import ChannelStats
 
     def totals(trainer):
         snapshots = [None] * dist.get_world_size()
@@ -177,7 +177,7 @@ def test_pipeline_carries_the_shard(runs):
 
 @pytest.mark.parametrize("name", list(CODECS))
 def test_compressed_pp_bytes_are_the_shard_payloads(tiny_corpus, runs, name):
-    from megatron.cc.pp_methods import pp_codec
+    from megatron.cc.pipeline.registry import pp_codec
     from megatron.training.arguments import parse_args
     args = parse_args(tiny_gpt_argv(tiny_corpus, **CODECS[name]), world_size=4)
     shard = (S // 2, B, H)

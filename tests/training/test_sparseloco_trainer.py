@@ -17,7 +17,7 @@ LOWRANK = {"dp-mode": "diloco", "diloco-inner-steps": 2, "train-iters": 6,
 
 def _worker(rank, world, corpus, flags=FLAGS):
     import torch.distributed as dist
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.common.stats import ChannelStats
 
     def totals(trainer):
         snapshots = [None] * world
@@ -28,8 +28,8 @@ def _worker(rank, world, corpus, flags=FLAGS):
 
 
 def test_logged_dp_bytes_are_the_formula(tiny_corpus):
-    from megatron.cc.compress.chunk_topk import ChunkTopKCodec
-    from megatron.cc.grad_sync.sparseloco import sync_bytes
+    from megatron.cc.codecs.chunk_topk import ChunkTopKCodec
+    from megatron.cc.data_parallel.sparseloco_sync import sync_bytes
     losses, (dp, shapes) = run_distributed(_worker, 2, (tiny_corpus,), timeout=600)[-1]
     n, syncs = sum(math.prod(s) for s in shapes), 6 // 2
     per_sync = sync_bytes(n, 2, ChunkTopKCodec(0.125, 256, 3))
@@ -41,7 +41,7 @@ def test_logged_dp_bytes_are_the_formula(tiny_corpus):
 
 
 def test_logged_dp_bytes_are_the_lowrank_formula(tiny_corpus):
-    from megatron.cc.grad_sync.lowrank_exchange import sync_bytes
+    from megatron.cc.data_parallel.lowrank_exchange import sync_bytes
     losses, (dp, shapes) = run_distributed(_worker, 2, (tiny_corpus, LOWRANK), timeout=600)[-1]
     n, syncs = sum(math.prod(s) for s in shapes), 6 // 2
     # by hand: 4 r (n + m) per matrix worth rank 4, 4 per other value (vectors, small matrices)

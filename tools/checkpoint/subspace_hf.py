@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch  # noqa: E402
 
-from megatron.cc.pp_methods.subspace import default_write_scale  # noqa: E402
+from megatron.cc.pipeline.subspace import default_write_scale  # noqa: E402
 from tools.checkpoint.common import add_tokenizer_flags, fail  # noqa: E402
 from tools.checkpoint.errors import ConversionError  # noqa: E402
 from tools.checkpoint.layout import (  # noqa: E402

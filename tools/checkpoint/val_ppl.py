@@ -66,7 +66,7 @@ def eval_args(full: FullCheckpoint, **overrides):
     # model (megatron/training/subspace.py) is another model: keep its rank.
     rank = (d.get("compression") or {}).get("subspace_rank")
     if rank is None and (d.get("compression") or {}).get("forward_compress_method") == "subspace":
-        from megatron.cc.pp_methods.subspace import DEFAULT_RANK
+        from megatron.cc.pipeline.subspace import DEFAULT_RANK
         rank = DEFAULT_RANK
     args = A.Args(**groups, compression=CompressionConfig(subspace_rank=rank), world_size=1)
     args.parallel.tensor_model_parallel_size = args.parallel.pipeline_model_parallel_size = 1

@@ -18,7 +18,7 @@ import time
 import torch.distributed as dist
 
 from megatron.cc.grad_sync.channel import SyncChannel
-from megatron.cc.stats import ChannelStats
+from megatron.cc.common.stats import ChannelStats
 
 
 def unwrap(model):

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megatron.cc.compress import quant
+from megatron.cc.numerics import quant
 
 from . import group_sums
 from .dispatch import LAUNCH, cdiv, next_pow2
@@ -704,7 +704,7 @@ def _unpack_kernel(p_ptr, out_ptr, N, NBYTES, BITS: tl.constexpr, BP: tl.constex
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """quant.pack_bits: uint8 codes (< 2^bits, any shape) -> 1-D little-endian bit stream."""
-    quant._check_bits(bits)
+    quant.check_bits(bits)
     c = codes.reshape(-1).to(torch.uint8).contiguous()
     out = torch.empty(quant.packed_nbytes(c.numel(), bits), dtype=torch.uint8, device=c.device)
     if c.numel():
@@ -716,7 +716,7 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     """quant.unpack_bits: the first `numel` codes of a stream, 1-D uint8."""
-    quant._check_bits(bits)
+    quant.check_bits(bits)
     p = packed.reshape(-1).contiguous()
     if p.numel() != quant.packed_nbytes(numel, bits):
         raise ValueError(f"{p.numel()} packed bytes, expected ceil({numel}*{bits}/8)")

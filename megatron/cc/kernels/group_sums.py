@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron.cc.compress import quant
+from megatron.cc.numerics import quant
 
 # channel groups are columns: L rows of a block of adjacent channels, so fewer lanes
 LANES_MAX = {"col": 64, "seg": 512}

@@ -1,4 +1,4 @@
-"""Gram-Schmidt of the lowrank codec (compress/lowrank.py orthogonalize_) in one launch.
+"""Gram-Schmidt of the lowrank codec (codecs/lowrank.py orthogonalize_) in one launch.
 
 The eager version is ~7 small launches per column and pass (norm, floor, divide, two matmuls,
 subtract): at rank 16 and two passes over P and Q, ~450 launches per message. Here one program
@@ -10,7 +10,7 @@ L = lanes("channel", n) adds rows c * L + l, then a pairwise tree); group_sums.o
 is the torch twin the kernel equals bit for bit. Against lowrank.orthogonalize_ (BLAS order)
 the result differs by rounding only.
 
-Wired into compress/lowrank.py for CUDA fp32 contiguous p (n, r) with n <= 16384:
+Wired into codecs/lowrank.py for CUDA fp32 contiguous p (n, r) with n <= 16384:
     kernels.lowrank.orthogonalize_(p, eps)   replaces   lowrank.orthogonalize_(p, eps)
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""TAH-Quant codec (compress/tah.py) on kernels: the tile transform and the payload packing.
+"""TAH-Quant codec (codecs/tah.py) on kernels: the tile transform and the payload packing.
 
     encode  eager: fp32 padded copy, token entropies and their order (logs and a sort stay in
             torch, so the bit allocation is the eager one); then
@@ -13,7 +13,7 @@
 Eager: ~60 launches to encode, ~35 to decode. Payload bytes and decodes are bit-identical to
 TahCodec's (tests/cc/kernels/test_tah.py).
 
-Wired into compress/tah.py: TahCodec.encode / decode start with
+Wired into codecs/tah.py: TahCodec.encode / decode start with
     if dispatch.enabled(x): return kernels.tah.encode(self, x)
     if dispatch.enabled(payload[0]): return kernels.tah.decode(self, payload, shape, dtype)
 """

@@ -1,10 +1,10 @@
 """Bytes per iteration per channel, summed over every rank: what the training log line prints.
 
-The log line (megatron/cc/stats.py) sums, over all ranks, each channel's `sent` (payload numel x
+The log line (megatron/cc/common/stats.py) sums, over all ranks, each channel's `sent` (payload numel x
 element size) and `raw` (the same messages uncompressed) and divides by the iterations of the
 interval. This module predicts those sums for one iteration from the model shape, the layout
 and the CompressionConfig, through the same size formulas the channels count with: the codecs'
-`payload_nbytes` (pp-fwd, pp-bwd), megatron.cc.policy's compression decisions, and the dp/emb
+`payload_nbytes` (pp-fwd, pp-bwd), megatron.cc.pipeline.policy's compression decisions, and the dp/emb
 reducers' own rules (dp_bytes.py). Evaluation traffic is not counted, as in the log line.
 
     totals = channel_bytes(shape, layout, compression)            # steady state
@@ -17,12 +17,12 @@ multiple of H/F prints).
 """
 from typing import Dict, Optional
 
-from megatron.cc.grad_sync.powersgd import worth_compressing
+from megatron.cc.data_parallel.powersgd import worth_compressing
 from megatron.cc.plan.dp_bytes import dp_bytes, embedding_grad_bytes
 from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
-from megatron.cc.p2p import Message
-from megatron.cc.pp_methods import LinkEnd, pp_codec, pp_method
-from megatron.cc.stats import CHANNELS
+from megatron.cc.pipeline.p2p import Message
+from megatron.cc.pipeline.registry import LinkEnd, pp_codec, pp_method
+from megatron.cc.common.stats import CHANNELS
 
 Totals = Dict[str, Dict[str, float]]
 STEADY = 10 ** 12   # an iteration after every warm-up
@@ -31,7 +31,7 @@ STEADY = 10 ** 12   # an iteration after every warm-up
 def activation_message(m: ModelShape, layout: Layout):
     """((S, B, H), dtype, raw bytes) of one pipeline message (Megatron's seq-first layout), as
     one tp rank sends it: with scatter-gather at tp > 1 its (S/tp, B, H) slice
-    (megatron.cc.p2p.ScatterGather), so tp ranks x the slice = one whole message per replica."""
+    (megatron.cc.pipeline.p2p.ScatterGather), so tp ranks x the slice = one whole message per replica."""
     import torch
     seq = m.seq_length
     if (layout.scatter_gather or layout.sequence_parallel) and layout.tp > 1 and layout.pp > 1:
@@ -87,7 +87,7 @@ def emb_bytes(m, layout, c, iteration) -> Optional[Dict[str, float]]:
 
 
 def tp_bytes(m, layout, c, iteration) -> Optional[Dict[str, float]]:
-    """The tensor-parallel sums (megatron/cc/tp_reduce.py, the driver's tp_channel.py), on
+    """The tensor-parallel sums (megatron/cc/tensor_parallel/tp_reduce.py, the driver's tp_channel.py), on
     every tp rank of every replica, per micro-batch: per layer two row-parallel outputs
     (--mp-acti-comp) and two column-parallel input gradients (--mp-grad-comp), all (S, B, H);
     the output layer's input gradient (--mp-grad-comp), the embedding lookup and cross

@@ -7,7 +7,7 @@ preduce / adpsgd exchange with whoever is ready: not modelled.
 """
 from typing import Dict, Optional
 
-from megatron.cc.dp_modes.base import GRAD_BYTES
+from megatron.cc.data_parallel.base import GRAD_BYTES
 from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
 
 

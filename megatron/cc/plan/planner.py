@@ -194,7 +194,7 @@ def plan(m: ModelShape, cluster: Cluster, global_batch_size: int, micro_batch_si
 def plan_table(cands: List[Candidate], top: int) -> List[str]:
     """The first `top` candidates, one row each: layout, predicted step time and utilisation,
     expected loss gap, bytes per channel per iteration (the log line's units), scheme."""
-    from megatron.cc.stats import human_bytes
+    from megatron.cc.common.stats import human_bytes
     lines = [f"{'#':>3} {'tp':>3} {'pp':>3} {'dp':>4} {'M':>4}  {'step s':>8} {'util':>5} "
              f"{'gap %':>6}  {'pp-fwd':>10} {'pp-bwd':>10} {'dp':>10} {'emb':>10}  scheme"]
     for i, c in enumerate(cands[:top]):

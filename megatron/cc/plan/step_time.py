@@ -26,7 +26,7 @@ min(burst, bandwidth x that compute) (for the flows crossing together, their sum
            synchronous: (pp - 1) (c_fwd + c_bwd + codecs) + (M - 1) (P - max_s compute_s):
            the fill and drain messages go alone; in the steady state each batch's activation
            and gradient cross the link at once, each direction at full rate (NCCL; gloo too
-           since megatron.cc.transport posts receives first; a congestion control that shares
+           since megatron.cc.common.transport posts receives first; a congestion control that shares
            the two directions fairly is assumed: docs/planning.md, "The link alone"), and
            P = sync_period(): every stage
            waits, each period, for the gradient from below and the activation from above, so
@@ -77,7 +77,7 @@ from megatron.cc.plan.channel_bytes import activation_message, channel_bytes
 from megatron.cc.plan.dp_bytes import stage_dp_bytes
 from megatron.cc.plan.links import LEVELS, Cluster, placement
 from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
-from megatron.cc.pp_methods import pp_method
+from megatron.cc.pipeline.registry import pp_method
 
 # GB/s of uncompressed input for encode + decode together (1 / (1/enc + 1/dec)).
 # cpu: one thread, from the CPU codec tables (fixpoint, delta, TAH: docs/finetune.md,

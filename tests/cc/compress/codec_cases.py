@@ -6,7 +6,7 @@ messages are its k coefficients: `build` makes k the test's message width.
 """
 import torch
 
-from megatron.cc.compress import CodecContext, get_codec
+from megatron.cc.codecs import CodecContext, get_codec
 
 CASES = [
     ("identity", "identity", {}),

@@ -5,8 +5,8 @@ import re
 import pytest
 import torch
 
-from megatron.cc.compress import REGISTRY, CodecContext, get_codec, payload_bytes
-from megatron.cc.compress.base import check_payload
+from megatron.cc.codecs import REGISTRY, CodecContext, get_codec, payload_bytes
+from megatron.cc.codecs.base import check_payload
 
 ALL = ["identity", "fixpoint", "lowrank", "delta", "delta-lowbits", "tah", "cocktail"]
 

@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
-from megatron.cc.compress.chunk_topk import (ChunkTopKCodec, index_bits, pack_uints,
+from megatron.cc.codecs.chunk_topk import (ChunkTopKCodec, index_bits, pack_uints,
                                              unpack_uints)
-from megatron.cc.compress.quant import dequantize, quantize
+from megatron.cc.numerics.quant import dequantize, quantize
 
 
 @pytest.mark.parametrize("bits", list(range(1, 17)))

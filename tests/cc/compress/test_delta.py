@@ -5,9 +5,9 @@ import os
 import pytest
 import torch
 
-from megatron.cc.compress import (ActivationCache, CacheTooLarge, CodecContext, get_codec,
+from megatron.cc.codecs import (ActivationCache, CacheTooLarge, CodecContext, get_codec,
                                   payload_bytes)
-from megatron.cc.compress.delta import DeltaCodec
+from megatron.cc.codecs.delta import DeltaCodec
 
 S, H = 6, 20
 

@@ -6,7 +6,7 @@ device. The same cases run on CUDA in tests/gpu/test_codecs_cuda.py."""
 import pytest
 import torch
 
-from megatron.cc.compress.base import check_payload, payload_bytes
+from megatron.cc.codecs.base import check_payload, payload_bytes
 from tests.cc.compress.codec_cases import CASES, IDS, build, context
 from tests.sync_guard import HostSync, no_host_sync
 
@@ -88,7 +88,7 @@ def test_stochastic_rounding_state_resumes_and_refuses_another_device_type():
 def test_fused_fixpoint_kernels_equal_eager_on_cpu(bits):
     """The Triton kernels fused.encode / decode run on CUDA, here under Triton's interpreter,
     against the eager reference (the full matrix is tests/cc/kernels/test_fixpoint.py)."""
-    from megatron.cc.compress import fused
+    from megatron.cc.codecs import fused
     from tests.cc.kernels.interpret import kernels
     fx = kernels("fixpoint")
     x = torch.randn(64, 2, 96, generator=torch.Generator().manual_seed(0))

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize_gram_schmidt
 
-from megatron.cc.compress import CodecContext, get_codec, orthogonalize_, payload_bytes
-from megatron.cc.compress.lowrank import LowRankCodec, matrix_dims
+from megatron.cc.codecs import CodecContext, get_codec, orthogonalize_, payload_bytes
+from megatron.cc.codecs.lowrank import LowRankCodec, matrix_dims
 
 CTX = CodecContext()
 

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from megatron.cc.compress import CodecContext, get_codec, payload_bytes
-from megatron.cc.compress import quant
-from megatron.cc.compress.quant import (GRANULARITIES, dequantize, num_scales, pack_bits,
+from megatron.cc.codecs import CodecContext, get_codec, payload_bytes
+from megatron.cc.numerics import quant
+from megatron.cc.numerics.quant import (GRANULARITIES, dequantize, num_scales, pack_bits,
                                         packed_nbytes, quantize, unpack_bits)
 
 BITS = list(range(1, 9))

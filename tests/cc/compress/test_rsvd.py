@@ -1,4 +1,4 @@
-"""The randomized-SVD pieces (compress/rsvd.py) and the CB codec 'rsvd'.
+"""The randomized-SVD pieces (codecs/rsvd.py) and the CB codec 'rsvd'.
 
 - orthogonalize_ (Gram-Schmidt twice) keeps P P^T M == M when M's rank is below r, where one
   pass of Gram-Schmidt loses most of M (measured here, 0.5+ relative error);
@@ -12,9 +12,9 @@
 import pytest
 import torch
 
-from megatron.cc.compress import CodecContext, get_codec, payload_bytes
-from megatron.cc.compress.lowrank import orthogonalize_
-from megatron.cc.compress.rsvd import (SeededGaussian, message_seed, range_and_coefficients)
+from megatron.cc.codecs import CodecContext, get_codec, payload_bytes
+from megatron.cc.codecs.lowrank import orthogonalize_
+from megatron.cc.codecs.rsvd import (SeededGaussian, message_seed, range_and_coefficients)
 from tests.sync_guard import no_host_sync
 
 

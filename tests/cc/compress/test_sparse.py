@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from megatron.cc.compress import CodecContext, get_codec, payload_bytes
-from megatron.cc.compress.quant import dequantize
+from megatron.cc.codecs import CodecContext, get_codec, payload_bytes
+from megatron.cc.numerics.quant import dequantize
 
 
 def expected_bytes(numel, p, topk, bits, bucket=128):

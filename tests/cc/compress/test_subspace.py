@@ -1,10 +1,10 @@
-"""The subspace codec (megatron/cc/compress/subspace.py): coefficients raw or b-bit fixpoint,
+"""The subspace codec (megatron/cc/codecs/subspace.py): coefficients raw or b-bit fixpoint,
 payload sizes both ends compute from the shape, and the uncompressed bytes it reports."""
 import pytest
 import torch
 
-from megatron.cc.compress import get_codec
-from megatron.cc.compress.base import check_payload, payload_bytes
+from megatron.cc.codecs import get_codec
+from megatron.cc.codecs.base import check_payload, payload_bytes
 
 
 @pytest.mark.parametrize("shape", [(16, 2, 4), (7, 3, 8), (1, 1, 1)])

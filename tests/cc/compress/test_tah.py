@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from megatron.cc.compress import CodecContext, get_codec
-from megatron.cc.compress.tah import entropy_allocation, fwht, swap_pivot_
+from megatron.cc.codecs import CodecContext, get_codec
+from megatron.cc.codecs.tah import entropy_allocation, fwht, swap_pivot_
 
 CTX = CodecContext()
 

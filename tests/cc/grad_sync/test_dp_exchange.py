@@ -33,8 +33,8 @@ def _t(x):
 
 
 def _exchange(kind, error_decay=1.0, **kw):
-    from megatron.cc.grad_sync.flat_codecs import make_flat_codec
-    from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
+    from megatron.cc.data_parallel.flat_codecs import make_flat_codec
+    from megatron.cc.data_parallel.sharded_exchange import ShardedExchange
     rank = dist.get_rank()
     return ShardedExchange(dist.group.WORLD, make_flat_codec(kind, seed=rank, **kw),
                            make_flat_codec(kind, seed=rank + 100, **kw), error_decay)
@@ -55,8 +55,8 @@ def _worker(rank, world):
     dist.all_gather(xs, x)
     out["exact"] = (update, mean, torch.stack(xs), counted)
     # 2. default settings, stochastic rounding: identical everywhere
-    from megatron.cc.grad_sync.flat_codecs import make_flat_codec
-    from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
+    from megatron.cc.data_parallel.flat_codecs import make_flat_codec
+    from megatron.cc.data_parallel.sharded_exchange import ShardedExchange
     worker = make_flat_codec("cocktail", seed=0, stochastic=True)
     worker.rng.seed = rank           # different rounding noise per replica (seeded on first use)
     server = make_flat_codec("cocktail", seed=0, stochastic=True)
@@ -113,8 +113,8 @@ def _decay_worker(rank):
 
 def _adpsgd(rank):
     """Three rounds of pairwise averaging on rank-dependent weights: (mean before, after)."""
-    from megatron.cc.grad_sync.preduce import ADPSGDSync
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.data_parallel.preduce_sync import ADPSGDSync
+    from megatron.cc.common.stats import ChannelStats
     lin = torch.nn.Linear(5, 3)
     with torch.no_grad():
         for p in lin.parameters():
@@ -131,9 +131,9 @@ def _windows(rank, world):
     """Each rank joins 6 windows with random delays: (window id, members) per join."""
     import random
     import time
-    from megatron.cc.grad_sync.preduce import WindowScheduler
+    from megatron.cc.data_parallel.preduce_sync import WindowScheduler
     store = dist.PrefixStore("test_windows/", dist.distributed_c10d._get_default_store())
-    from megatron.cc.grad_sync.preduce import _average, _GroupCache
+    from megatron.cc.data_parallel.preduce_sync import _average, _GroupCache
     sched = WindowScheduler(store, world)
     groups = _GroupCache(dist.group.WORLD, store)
     rng = random.Random(rank)
@@ -217,8 +217,8 @@ def test_preduce_windows_agree_on_members(results):
 
 
 def _diloco_worker(rank, world):
-    from megatron.cc.grad_sync.diloco import DiLoCoSync
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.data_parallel.diloco_sync import DiLoCoSync
+    from megatron.cc.common.stats import ChannelStats
     torch.manual_seed(0)
     a, b = torch.nn.Linear(6, 3), torch.nn.Linear(6, 3)
     b.load_state_dict(a.state_dict())

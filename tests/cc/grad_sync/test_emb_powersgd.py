@@ -1,4 +1,4 @@
-"""--emb-grad-comp (grad_sync/emb_powersgd.py) on a 3-member gloo group, against references.
+"""--emb-grad-comp (embedding/powersgd_sync.py) on a 3-member gloo group, against references.
 
 Each member holds its own embedding-gradient matrix per step; the channel must deliver the
 group's sum. Compared, per step, with a one-process reference (PowerSGD of the sum with
@@ -70,9 +70,9 @@ def _np(t):
 def _worker(rank, world):
     import torch.distributed as dist
 
-    from megatron.cc.grad_sync.emb_powersgd import EmbPowerSGDSync
+    from megatron.cc.embedding.powersgd_sync import EmbPowerSGDSync
     from megatron.cc.grad_sync.sync import EmbeddingSync
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.common.stats import ChannelStats
 
     def make(ef=False, seed=SEED, rank_=R, warm_up=0, stats=None):
         stats = stats or ChannelStats()

@@ -17,12 +17,12 @@ from tests.distributed import by_value, run_distributed
 
 
 def _worker(rank, world, lossless_exchange=False, final_average=False):
-    from megatron.cc.dp_modes.cocktail_sgd import sharded_exchange_bytes
-    from megatron.cc.grad_sync.diloco import DiLoCoSync
-    from megatron.cc.grad_sync.flat_codecs import make_flat_codec
+    from megatron.cc.data_parallel.cocktail_sgd import sharded_exchange_bytes
+    from megatron.cc.data_parallel.diloco_sync import DiLoCoSync
+    from megatron.cc.data_parallel.flat_codecs import make_flat_codec
     from megatron.cc.grad_sync.param_sync import flatten
-    from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.data_parallel.sharded_exchange import ShardedExchange
+    from megatron.cc.common.stats import ChannelStats
     gen = torch.Generator().manual_seed(rank)
     lin = torch.nn.Linear(40, 7)
     for p in lin.parameters():

@@ -74,11 +74,11 @@ def test_fe_with_one_stage_is_allowed():
     FE is off, the emb channel is the plain sum, and every channel's predicted bytes equal
     those without the flag (at pp 2, where FE is on, they differ: the comparison can fail)."""
     from types import SimpleNamespace
-    from megatron.cc.emb_methods import build_emb_channel
-    from megatron.cc.grad_sync import EmbeddingSync
+    from megatron.cc.embedding.registry import build_emb_channel
+    from megatron.cc.grad_sync.sync import EmbeddingSync
     from megatron.cc.plan.channel_bytes import channel_bytes
     from megatron.cc.plan.shapes import Layout, ModelShape
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.common.stats import ChannelStats
     fe, plain = CompressionConfig(emb_comm_opt=True), CompressionConfig()
     assert fe.validate(pp=1, dp=2, tp=2) is None   # allowed: no ConfigError
     help_text = CompressionConfig.__dataclass_fields__["emb_comm_opt"].metadata["help"]

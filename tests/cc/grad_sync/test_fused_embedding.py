@@ -29,7 +29,7 @@ def _grads_after(args, model, stats_cls, local_buf, h, topo):
 def _layout_worker(rank, world, corpus, tp, pp, k):
     from megatron.core import parallel_state as ps
 
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.common.stats import ChannelStats
     from tests.cc.grad_sync import helpers as h
     from tests.training import runner
     from tests.conftest import tiny_gpt_argv

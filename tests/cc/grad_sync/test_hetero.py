@@ -6,7 +6,7 @@ untimed, so the log line had no dp wait at all).
 import inspect
 
 from megatron.cc.grad_sync.channel import SyncChannel
-from megatron.cc.grad_sync.hetero import HeteroDelay
+from megatron.cc.data_parallel.hetero import HeteroDelay
 from tests.conftest import tiny_gpt_argv
 from tests.distributed import run_distributed
 from tests.training import runner

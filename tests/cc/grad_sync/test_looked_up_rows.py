@@ -1,12 +1,12 @@
-"""LookedUpRows (megatron/cc/grad_sync/replica_embedding.py): the rows an untied word table's
+"""LookedUpRows (megatron/cc/embedding/replica_embedding.py): the rows an untied word table's
 iteration looked up, as this vocabulary shard's local indices; evaluation forwards are not
 counted; taking them forgets them. On the CPU, and on the GPU where there is one (uint8
 scatter-reduce on the device)."""
 import pytest
 import torch
 
-from megatron.cc.grad_sync.replica_embedding import LookedUpRows
-from megatron.cc.stats import ChannelStats
+from megatron.cc.embedding.replica_embedding import LookedUpRows
+from megatron.cc.common.stats import ChannelStats
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

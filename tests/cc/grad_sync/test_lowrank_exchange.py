@@ -35,9 +35,9 @@ def _final(make, seed, iters=12):
 
 
 def _worker(rank, world):
-    from megatron.cc.grad_sync.diloco import DiLoCoSync
-    from megatron.cc.grad_sync.lowrank_exchange import PowerSGDExchange, sync_bytes
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.data_parallel.diloco_sync import DiLoCoSync
+    from megatron.cc.data_parallel.lowrank_exchange import PowerSGDExchange, sync_bytes
+    from megatron.cc.common.stats import ChannelStats
     group, out = dist.group.WORLD, {}
     every_matrix = lambda shape: len(shape) == 2   # noqa: E731 (full rank would not pay)
 
@@ -100,7 +100,7 @@ def _split(flat):
 
 def test_error_feedback_and_bytes(results):
     import numpy as np
-    from megatron.cc.grad_sync.powersgd import worth_compressing
+    from megatron.cc.data_parallel.powersgd import worth_compressing
     (calls, formula) = results[0]["feedback"]
     assert formula == 4 * 3 * (110 + 130) + 4 * (50 + 80 + 60)   # (3, 4, 5): 3 (3 + 20) > 60
     for step in range(2):

@@ -16,9 +16,10 @@ def _worker(rank, world, corpus, ckpt):
     import torch
     from megatron.core import parallel_state as ps
 
-    from megatron.cc.grad_sync import ExactDataParallelSync, PowerSGDDataParallelSync
-    from megatron.cc.grad_sync.powersgd import worth_compressing
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.data_parallel.powersgd import PowerSGDDataParallelSync
+    from megatron.cc.grad_sync.sync import ExactDataParallelSync
+    from megatron.cc.data_parallel.powersgd import worth_compressing
+    from megatron.cc.common.stats import ChannelStats
     from tests.cc.grad_sync import helpers as h
 
     t = h.make_trainer(corpus, world, **{"grad-comp": True, "grad-comp-rank": 2,

@@ -37,8 +37,8 @@ def _oracle_worker(rank, world, r):
                                                                            powerSGD_hook)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from megatron.cc.grad_sync.powersgd import PowerSGDDataParallelSync, worth_compressing
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.data_parallel.powersgd import PowerSGDDataParallelSync, worth_compressing
+    from megatron.cc.common.stats import ChannelStats
 
     class Grads(torch.nn.Module):
         def __init__(self):

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron.cc.grad_sync.preduce_sched import (MAX_WAIT, MIN_WAIT, next_wait,
+from megatron.cc.data_parallel.preduce_sched import (MAX_WAIT, MIN_WAIT, next_wait,
                                                  pairwise_default, schedule_of, split_window)
 from tests.distributed import run_distributed
 
@@ -76,8 +76,8 @@ def _stages(rank, groups, tag, pp, scope, pairwise, ssp_bound, rounds, tied=True
     """Run `pp` logical stages of this replica, one thread each (`groups`: their dp groups):
     per stage, per round, (window, group, weights before, weights after, the all-reduce mean
     of before or None)."""
-    from megatron.cc.grad_sync.preduce import PartialReduceSync
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.data_parallel.preduce_sync import PartialReduceSync
+    from megatron.cc.common.stats import ChannelStats
     syncs = []
     for s in range(pp):
         sched = schedule_of(s, pp, scope, tied)

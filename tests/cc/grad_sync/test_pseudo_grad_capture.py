@@ -14,9 +14,9 @@ from tests.distributed import by_value, run_distributed
 
 
 def _worker(rank, world, directory):
-    from megatron.cc.grad_sync.diloco import DiLoCoSync
+    from megatron.cc.data_parallel.diloco_sync import DiLoCoSync
     from megatron.cc.grad_sync.param_sync import flatten
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.common.stats import ChannelStats
     gen = torch.Generator().manual_seed(rank)
     lin = torch.nn.Linear(5, 3)
     for p in lin.parameters():

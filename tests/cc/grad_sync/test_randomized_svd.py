@@ -1,4 +1,4 @@
-"""--grad-comp-type RandomizedSVD (grad_sync/randomized_svd.py) on 2 gloo ranks, against references.
+"""--grad-comp-type RandomizedSVD (data_parallel/randomized_svd.py) on 2 gloo ranks, against references.
 
 Per rank, 4 steps of deterministic local gradients for two compressed matrices and one exact
 vector, reduced by RandomizedSVDDataParallelSync (niter 0 and 1). A one-process reference
@@ -34,7 +34,7 @@ def _grads(step, rank, low_rank=False):
 
 def _reference(world, niter, low_rank=False, seed=SEED):
     """Per step: (mean estimate per name, errors per replica per name)."""
-    from megatron.cc.compress.rsvd import SeededGaussian, message_seed
+    from megatron.cc.codecs.rsvd import SeededGaussian, message_seed
     errors = [{n: torch.zeros(SHAPES[n]) for n in SHAPES} for _ in range(world)]
     out = []
     for step in range(STEPS):
@@ -71,8 +71,8 @@ def _run(sync, rank, steps, low_rank=False):
 def _worker(rank, world):
     import torch.distributed as dist
 
-    from megatron.cc.grad_sync.randomized_svd import RandomizedSVDDataParallelSync
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.data_parallel.randomized_svd import RandomizedSVDDataParallelSync
+    from megatron.cc.common.stats import ChannelStats
 
     def make(niter=1, seed=SEED):
         return RandomizedSVDDataParallelSync(dist.group.WORLD, ChannelStats(), rank=R,
@@ -167,7 +167,7 @@ def test_the_seeds_factor_average_is_not_the_means_svd():
     """Optimus-CC's RandomizedSVDReducer: svd_lowrank(q=r, niter=1) per replica, U, S, V each
     averaged. Two replicas' gradients share a rank-2 signal + noise; relative error against
     their mean, ours (the mean's randomized SVD) vs the seed's (averaged factors)."""
-    from megatron.cc.compress.rsvd import SeededGaussian, range_and_coefficients
+    from megatron.cc.codecs.rsvd import SeededGaussian, range_and_coefficients
     mine, seeds, floors = [], [], []
     for step in range(STEPS):
         local = [_grads(step, d)["a"] for d in range(2)]

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from megatron.cc.grad_sync.replica_adam import ReplicaAdamW, dp_second_moment, use_replica_adam
+from megatron.cc.data_parallel.replica_adam import ReplicaAdamW, dp_second_moment, use_replica_adam
 
 BETAS, EPS, LR, WD = (0.9, 0.999), 1e-8, 1e-2, 0.1
 

@@ -20,11 +20,11 @@ from tests.distributed import by_value, run_distributed
 
 
 def _run(rank, keep: bool, server: bool = False):
-    from megatron.cc.grad_sync.diloco import DiLoCoSync
-    from megatron.cc.grad_sync.flat_codecs import make_flat_codec
+    from megatron.cc.data_parallel.diloco_sync import DiLoCoSync
+    from megatron.cc.data_parallel.flat_codecs import make_flat_codec
     from megatron.cc.grad_sync.param_sync import flatten
-    from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.data_parallel.sharded_exchange import ShardedExchange
+    from megatron.cc.common.stats import ChannelStats
     gen = torch.Generator().manual_seed(rank)
     torch.manual_seed(0)
     lin = torch.nn.Linear(40, 7)

@@ -43,12 +43,12 @@ def _linear(seed=0):
 
 
 def _worker(rank, world):
-    from megatron.cc.compress.chunk_topk import ChunkTopKCodec
-    from megatron.cc.grad_sync.diloco import DiLoCoSync
-    from megatron.cc.grad_sync.gather_exchange import GatherExchange
+    from megatron.cc.codecs.chunk_topk import ChunkTopKCodec
+    from megatron.cc.data_parallel.diloco_sync import DiLoCoSync
+    from megatron.cc.data_parallel.gather_exchange import GatherExchange
     from megatron.cc.grad_sync.param_sync import flatten
-    from megatron.cc.grad_sync.sparseloco import SparseLoCoSync, sync_bytes
-    from megatron.cc.stats import ChannelStats
+    from megatron.cc.data_parallel.sparseloco_sync import SparseLoCoSync, sync_bytes
+    from megatron.cc.common.stats import ChannelStats
     out = {}
     gen = torch.Generator().manual_seed(rank)
     # 1. the exchange
@@ -113,8 +113,8 @@ def test_exchange_agrees_and_counts_the_formula(results):
 
 def test_error_feedback_and_logged_bytes(results):
     import numpy as np
-    from megatron.cc.compress.chunk_topk import ChunkTopKCodec
-    from megatron.cc.grad_sync.sparseloco import sync_bytes
+    from megatron.cc.codecs.chunk_topk import ChunkTopKCodec
+    from megatron.cc.data_parallel.sparseloco_sync import sync_bytes
     for r in results:
         calls, states, sizes, sent, raw, messages = r["feedback"]
         # fragment f syncs after step s when s > 2f and (s - 2f) % 4 == 0: f0 at 4, 8, 12;

@@ -35,7 +35,7 @@ def test_codecs_run_eagerly_without_triton():
 import sys
 sys.modules["triton"] = None          # import triton -> ImportError
 import torch
-from megatron.cc.compress import get_codec
+from megatron.cc.codecs import get_codec
 from megatron.cc.kernels import dispatch
 assert not dispatch.available()
 c = get_codec("fixpoint", bits=4)

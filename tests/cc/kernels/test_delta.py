@@ -1,10 +1,11 @@
-"""Delta step kernels (megatron/cc/kernels/delta.py) under Triton's interpreter: the packed
+"""Delta step kernels (megatron/cc/codecs/delta_kernels.py) under Triton's interpreter: the packed
 codes and the updated caches (sender and receiver) bit-identical to the eager path with the
 same scales; the eager branch is DeltaCodec's own arithmetic."""
 import pytest
 import torch
 
-from megatron.cc.compress import get_codec, quant
+from megatron.cc.codecs import get_codec
+from megatron.cc.numerics import quant
 from megatron.cc.kernels import dispatch, group_sums
 from tests.cc.compress.codec_cases import context
 from tests.cc.kernels.cases import sample

@@ -9,7 +9,8 @@ matter, are the same either way). Everything else is compared byte for byte.
 import pytest
 import torch
 
-from megatron.cc.compress import fused, quant
+from megatron.cc.codecs import fused
+from megatron.cc.numerics import quant
 from megatron.cc.kernels import group_sums
 from tests.cc.kernels.cases import DTYPES, SHAPES, sample
 from tests.cc.kernels.interpret import kernels
@@ -155,7 +156,7 @@ def test_group_sums_order_agrees_with_eager_search(bits, granularity, group):
 def test_codec_routes_cuda_messages_to_the_kernels(scheme, monkeypatch):
     """FixpointCodec.encode / decode -> fused -> kernels when dispatch says so (on CUDA);
     MEGATRON_CC_FUSED=0 keeps the eager path."""
-    from megatron.cc.compress import get_codec
+    from megatron.cc.codecs import get_codec
     from megatron.cc.kernels import dispatch
     codec = get_codec("fixpoint", bits=3, granularity="tile", group_size=8, scheme=scheme)
     x = sample(SHAPES[0], torch.bfloat16, seed=7)

@@ -4,7 +4,7 @@ the codec's lowrank.orthogonalize_ up to rounding."""
 import pytest
 import torch
 
-from megatron.cc.compress import lowrank
+from megatron.cc.codecs import lowrank
 from megatron.cc.kernels import group_sums
 from tests.cc.kernels.interpret import kernels
 

@@ -3,7 +3,7 @@ and decodes bit-identical to TahCodec's eager encode / decode."""
 import pytest
 import torch
 
-from megatron.cc.compress import get_codec
+from megatron.cc.codecs import get_codec
 from tests.cc.kernels.cases import sample
 from tests.cc.kernels.interpret import kernels
 

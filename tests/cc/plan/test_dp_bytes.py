@@ -8,7 +8,7 @@ import torch.distributed as dist
 from megatron.cc.config import CompressionConfig
 from megatron.cc.plan.dp_bytes import stage_dp_bytes
 from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
-from megatron.cc.stats import ChannelStats
+from megatron.cc.common.stats import ChannelStats
 
 D = 4
 SHAPE = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000,
@@ -83,8 +83,8 @@ def _predicted(c, pp, stage, iteration=None, tp=1):
 @pytest.mark.parametrize("kind", ["exact", "PowerSGD r4", "PowerSGD r16", "RandomizedSVD r4",
                                   "RandomizedSVD r4 niter0"])
 def test_gradient_reducers(fake_collectives, kind, pp, stage):
-    from megatron.cc.grad_sync.powersgd import PowerSGDDataParallelSync
-    from megatron.cc.grad_sync.randomized_svd import RandomizedSVDDataParallelSync
+    from megatron.cc.data_parallel.powersgd import PowerSGDDataParallelSync
+    from megatron.cc.data_parallel.randomized_svd import RandomizedSVDDataParallelSync
     from megatron.cc.grad_sync.sync import ExactDataParallelSync
     stats = ChannelStats()
     rank = int(kind.split(" r")[1].split()[0]) if " r" in kind else 128
@@ -108,7 +108,7 @@ def test_gradient_reducers(fake_collectives, kind, pp, stage):
 
 
 def test_fused_embedding_leaves_the_dp_channel(fake_collectives):
-    from megatron.cc.grad_sync.powersgd import PowerSGDDataParallelSync
+    from megatron.cc.data_parallel.powersgd import PowerSGDDataParallelSync
     stats = ChannelStats()
     c = CompressionConfig(grad_comp=True, grad_comp_rank=4, emb_comm_opt=True)
     PowerSGDDataParallelSync(None, stats, rank=4, exclude_embedding=True)(_stage(2, 1), 0)
@@ -125,9 +125,9 @@ def _run_mode(sync, model, iters):
 
 @pytest.mark.parametrize("pp,stage", [(1, 0), (2, 1)])
 def test_cocktail_sgd(fake_collectives, pp, stage):
-    from megatron.cc.grad_sync.cocktail import CocktailSGDSync
-    from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
-    from megatron.cc.dp_modes.cocktail_sgd import flat_codec
+    from megatron.cc.data_parallel.cocktail_sync import CocktailSGDSync
+    from megatron.cc.data_parallel.sharded_exchange import ShardedExchange
+    from megatron.cc.data_parallel.cocktail_sgd import flat_codec
     c = CompressionConfig(dp_mode="cocktail_sgd", cocktail_random_ratio=0.125,
                           cocktail_topk_ratio=1.0, cocktail_bits=2, cocktail_no_overlap=True,
                           cocktail_warmup_steps=1)
@@ -147,10 +147,10 @@ def test_cocktail_sgd(fake_collectives, pp, stage):
                                          "powersgd-40"])
 @pytest.mark.parametrize("fragments,delay", [(1, 0), (2, 1)])
 def test_diloco(fake_collectives, compression, fragments, delay):
-    from megatron.cc.grad_sync.diloco import DiLoCoSync
-    from megatron.cc.grad_sync.lowrank_exchange import PowerSGDExchange
-    from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
-    from megatron.cc.dp_modes.cocktail_sgd import flat_codec
+    from megatron.cc.data_parallel.diloco_sync import DiLoCoSync
+    from megatron.cc.data_parallel.lowrank_exchange import PowerSGDExchange
+    from megatron.cc.data_parallel.sharded_exchange import ShardedExchange
+    from megatron.cc.data_parallel.cocktail_sgd import flat_codec
     H = 4
     c = CompressionConfig(dp_mode="diloco", diloco_inner_steps=H, diloco_compression=compression,
                           diloco_fragments=fragments, diloco_sync_delay=delay)
@@ -168,9 +168,9 @@ def test_diloco_sync_schedule(fake_collectives, compression, delay):
     """--diloco-sync-steps 2,5,7 with H 4: syncs after steps 2, 5, 7, 11, 15; each counts the
     all-reduce of its window (2, 3, 2, 4, 4 steps) as raw, tau steps later; the planner's
     per-iteration bytes are the logged ones, and its average is one sync per mean window."""
-    from megatron.cc.grad_sync.diloco import DiLoCoSync
-    from megatron.cc.grad_sync.sharded_exchange import ShardedExchange
-    from megatron.cc.dp_modes.cocktail_sgd import flat_codec
+    from megatron.cc.data_parallel.diloco_sync import DiLoCoSync
+    from megatron.cc.data_parallel.sharded_exchange import ShardedExchange
+    from megatron.cc.data_parallel.cocktail_sgd import flat_codec
     H, steps = 4, (2, 5, 7)
     c = CompressionConfig(dp_mode="diloco", diloco_inner_steps=H, diloco_compression=compression,
                           diloco_sync_delay=delay, diloco_sync_steps="2,5,7")
@@ -196,7 +196,7 @@ def test_diloco_sync_schedule(fake_collectives, compression, delay):
 
 def test_sync_schedule_functions():
     """An empty schedule is every H (the old rule); a schedule, then every H after it."""
-    from megatron.cc.grad_sync.sync_schedule import previous_sync, scheduled, shortest_window
+    from megatron.cc.data_parallel.sync_schedule import previous_sync, scheduled, shortest_window
     for step in range(1, 40):
         assert scheduled(step, 5) == (step % 5 == 0)
         assert previous_sync(step, 5) == (step - 1) // 5 * 5
@@ -209,7 +209,7 @@ def test_sync_schedule_functions():
 def test_diloco_powersgd_formula():
     """The planner's low-rank bytes are the docstring's formula, by hand: 4 r (n + m) per
     matrix worth compressing, 4 per exactly sent value (vectors, small matrices)."""
-    from megatron.cc.grad_sync.lowrank_exchange import sync_bytes
+    from megatron.cc.data_parallel.lowrank_exchange import sync_bytes
     assert sync_bytes([(1000, 64), (64,), (3, 4, 5)], 4) == 4 * 4 * 1064 + 4 * 64 + 4 * 60
     assert sync_bytes([(8, 8)], 4) == 4 * 64   # r (n + m) = n m: sent exactly
     c = CompressionConfig(dp_mode="diloco", diloco_inner_steps=10, diloco_compression="powersgd-4")
@@ -223,8 +223,8 @@ def test_diloco_powersgd_formula():
 
 
 def test_sparseloco(fake_collectives):
-    from megatron.cc.compress.chunk_topk import ChunkTopKCodec
-    from megatron.cc.grad_sync.sparseloco import SparseLoCoSync
+    from megatron.cc.codecs.chunk_topk import ChunkTopKCodec
+    from megatron.cc.data_parallel.sparseloco_sync import SparseLoCoSync
     H = 3
     c = CompressionConfig(dp_mode="sparseloco", diloco_inner_steps=H, sparseloco_chunk_size=256,
                           sparseloco_density=0.125, sparseloco_bits=3)

@@ -4,11 +4,11 @@ real activation, for every pipeline codec; and the per-iteration totals count ev
 import pytest
 import torch
 
-from megatron.cc.compress import CodecContext
+from megatron.cc.codecs import CodecContext
 from megatron.cc.plan.channel_bytes import channel_bytes
 from megatron.cc.plan.shapes import Layout, ModelShape
-from megatron.cc.pp_methods import LinkEnd, pp_codec
-from megatron.cc.stats import nbytes
+from megatron.cc.pipeline.registry import LinkEnd, pp_codec
+from megatron.cc.common.stats import nbytes
 from megatron.training.arguments import parse_args
 
 S, B, H = 16, 2, 64
@@ -77,7 +77,7 @@ def test_backward_bytes_equal_the_encoded_payload(name):
 
 def test_warmups_and_epilogue_only_decide_per_message():
     """Iterations before --compress-warmup-iters / the CB warm-up send raw; epilogue-only CB
-    compresses only the critical-path sends (megatron.cc.policy), here pp=2, M=4: the last."""
+    compresses only the critical-path sends (megatron.cc.pipeline.policy), here pp=2, M=4: the last."""
     args, shape, layout = _setup(FWD["fixpoint-4"] + ["--inter-grad-comp",
                                                        "--inter-grad-comp-epilogue-only",
                                                        "--inter-grad-comp-warm-up", "0.3",

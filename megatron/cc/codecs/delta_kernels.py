@@ -1,0 +1,61 @@
+"""AC-SGD delta step (codecs/delta.py) with the cache update fused into the quantisation.
+
+For a message x (S, B, H) and the cached c of its samples (fp32, any strides, e.g. the
+(S, B, H) view that DeltaCodec.encode holds):
+
+    encode_update   sender:   d = x - c; scales of d (fixpoint kernel); then ONE pass writes
+                    the packed codes of d and c <- c + deQ(codes) (in place, as delta.py's
+                    `prev.add_`): eager quantise + pack + dequantise + add is ~25 launches.
+    decode_update   receiver: ONE pass unpacks, dequantises and adds c: x_hat (fp32).
+
+Both ends compute c + deQ with the same fp32 operations (no FMA: dispatch.LAUNCH), so their
+caches stay bit-identical, and identical to the eager path's for the same scales (absmax;
+fitted scales follow kernels/group_sums.py's summation order on CUDA).
+
+Wired into codecs/delta.py (DeltaCodec.encode / decode call these; on CPU tensors they run
+DeltaCodec's former eager lines):
+
+    payload, new = delta.encode_update(x, prev, self.q)
+    x_hat = delta.decode_update(payload, prev, self.q, shape)
+Stochastic rounding (q.rng) stays eager: the kernels round to nearest.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from megatron.cc.codecs.fixpoint import FixpointCodec
+from megatron.cc.kernels import dispatch
+from megatron.cc.numerics.quant import pack_bits, unpack_bits
+
+
+def _fused(q: FixpointCodec, *tensors) -> bool:
+    return q.rng is None and dispatch.enabled(*tensors)
+
+
+def encode_update(x: torch.Tensor, prev: torch.Tensor, q: FixpointCodec):
+    """([packed codes, scales], new cache) for the delta x - prev; prev is updated in place
+    and returned as the new cache (fp32, prev's strides)."""
+    if not _fused(q, x, prev):   # delta.py's own eager lines
+        codes, scales = q.quantize(x.float() - prev)
+        new = prev.add_(q.dequantize(codes, scales, x.shape))
+        return [pack_bits(codes, q.bits), scales], new
+    from megatron.cc.kernels import fixpoint
+    d = torch.sub(x.float(), prev, out=torch.empty(x.shape, device=x.device))
+    scales = fixpoint.group_scales(d, q.bits, q.granularity, q.group_size, q.scale_dtype,
+                                   q.scheme)
+    packed = fixpoint.quantize_pack(d, scales, q.bits, q.granularity, q.group_size, q.scheme,
+                                    prev=prev, new=prev)
+    return [packed, scales], prev
+
+
+def decode_update(payload, prev: torch.Tensor, q: FixpointCodec, shape) -> torch.Tensor:
+    """x_hat = prev + deQ(payload), fp32 (S, B, H): the receiver's new cache and message."""
+    shape = tuple(shape)
+    if not dispatch.enabled(payload[0], prev):   # dequantising needs no random draw
+        codes = unpack_bits(payload[0], q.bits, math.prod(shape))
+        return prev.add_(q.dequantize(codes, payload[1], shape))
+    from megatron.cc.kernels import fixpoint
+    return fixpoint.unpack_dequantize(payload[0], payload[1], q.bits, shape, q.granularity,
+                                      q.group_size, scheme=q.scheme, prev=prev)

@@ -1,0 +1,5 @@
+"""The tensor-parallel channel: Optimus-CC's PowerSGD on the row- and column-parallel layers'
+all-reduces (--mp-acti-comp, --mp-grad-comp).
+
+    tp_reduce.py  the compressed all-reduce and the wiring into megatron-core's layers
+"""
