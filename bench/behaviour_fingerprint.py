@@ -81,7 +81,7 @@ def entry(out: str, argv: List[str]) -> int:
     bytes this rank counted, written to out.<rank>.json."""
     sys.path.insert(0, ROOT)
     from megatron.cc.common.stats import ChannelStats
-    from megatron.training import training
+    from megatron.training.loop import training
     from megatron.training.pretrain import main
 
     totals = {"sent": {}, "raw": {}}

@@ -260,7 +260,7 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"--methods: unknown {unknown}; known: {list(METHODS)}")
     os.makedirs(a.work_dir, exist_ok=True)
-    from megatron.training.corpus import default_assets
+    from megatron.training.data.corpus import default_assets
     assets = default_assets()
     vocab = ["--vocab-file", assets.vocab_file, "--merge-file", assets.merge_file]
     layout = ["--pipeline-model-parallel-size", str(a.nproc),

@@ -32,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(flags, root, async_save: bool) -> dict:
     import shutil
-    from megatron.training.arguments import parse_args
-    from megatron.training.training import Trainer
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.loop.training import Trainer
     from megatron.training.pretrain import resolve_default_data
     save = os.path.join(root, "async" if async_save else "sync")
     shutil.rmtree(save, ignore_errors=True)
@@ -70,8 +70,8 @@ def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29555"),
                       RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_distributed
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.runtime.initialize import initialize_distributed
     flags = ["--num-layers", str(a.num_layers), "--hidden-size", str(a.hidden_size),
              "--num-attention-heads", "8", "--seq-length", "128", "--micro-batch-size", "4",
              "--global-batch-size", "4", "--train-iters", str(a.train_iters),

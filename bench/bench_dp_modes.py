@@ -93,7 +93,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from runlog import (RunResult, load_meta, load_runs, plot_losses,  # noqa: E402
                     run_pretrain, save_runs)
 
-from megatron.training.checkpointing import atomic_write_text  # noqa: E402
+from megatron.training.checkpointing.save_load import atomic_write_text  # noqa: E402
 
 DEMO = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4",
         "--seq-length", "128", "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-fraction", "0.0667",

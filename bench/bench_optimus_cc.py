@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from runlog import RunResult, plot_losses, run_pretrain  # noqa: E402
 
-from megatron.training.checkpointing import atomic_write_text  # noqa: E402
+from megatron.training.checkpointing.save_load import atomic_write_text  # noqa: E402
 
 DEMO = ["--pipeline-model-parallel-size", "4", "--num-layers", "4", "--hidden-size", "128",
         "--num-attention-heads", "4", "--seq-length", "128", "--micro-batch-size", "1",

@@ -43,7 +43,7 @@ from megatron.cc.codecs.chunk_topk import ChunkTopKCodec  # noqa: E402
 from megatron.cc.data_parallel.cocktail_sgd import sharded_exchange_bytes  # noqa: E402
 from megatron.cc.data_parallel.flat_codecs import make_flat_codec  # noqa: E402
 from megatron.cc.data_parallel.sparseloco_sync import sync_bytes as gather_bytes  # noqa: E402
-from megatron.training.checkpointing import atomic_write_text  # noqa: E402
+from megatron.training.checkpointing.save_load import atomic_write_text  # noqa: E402
 
 DP = 4
 

@@ -577,7 +577,7 @@ def load(path: str) -> List[dict]:
 
 def save(records: List[dict], path: str) -> None:
     sys.path.insert(0, ROOT)
-    from megatron.training.checkpointing import atomic_write_text
+    from megatron.training.checkpointing.save_load import atomic_write_text
     atomic_write_text(path, json.dumps(records, indent=1))
 
 
@@ -587,7 +587,7 @@ def report(records: List[dict], out_dir: str) -> str:
     if periodic:
         text += "\n\nPeriodic dp modes (dp across the link; payload net of the quiet " \
                 "iterations' traffic):\n\n" + periodic
-    from megatron.training.checkpointing import atomic_write_text
+    from megatron.training.checkpointing.save_load import atomic_write_text
     atomic_write_text(os.path.join(out_dir, "slow_link.md"), text + "\n")
     plot(records, os.path.join(out_dir, "slow_link.png"))
     return text

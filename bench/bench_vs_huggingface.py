@@ -18,9 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def our_trainer(flags):
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.training import Trainer
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.loop.training import Trainer
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29561"),
                       RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     args = parse_args(flags, world_size=1)
@@ -46,7 +46,7 @@ def hf_model(trainer):
 
 
 def hf_batches(trainer):
-    from megatron.training import data as data_mod
+    from megatron.training.data import datasets as data_mod
     M = trainer.args.num_microbatches
     return [data_mod.collate(trainer.train_ds, trainer.batches.sample_ids(0, mb, 0))
             for mb in range(M)]
@@ -113,7 +113,7 @@ def main():
     print(f"{'pretrain_gpt (1,1,1)':24s}{best_ours:12.0f}")
     print(f"{'HF GPT2LMHeadModel':24s}{best_hf:12.0f}")
     print(f"ratio ours/HF: {best_ours / best_hf:.3f}")
-    from megatron.training.initialize import destroy
+    from megatron.training.runtime.initialize import destroy
     destroy()
 
 

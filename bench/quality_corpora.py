@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-from megatron.training import corpus as embedded_corpus  # noqa: E402
+from megatron.training.data import corpus as embedded_corpus  # noqa: E402
 
 CORPORA = ("embedded", "code", "markov")
 BUILD_VERSION = "q1"   # bump when anything below changes what gets built
@@ -245,8 +245,8 @@ def build_corpus(name: str, out_dir: str, seed: int = DEFAULT_SEED,
     """Build one of code / markov into out_dir (no cache, no lock); returns the manifest."""
     from tokenizers import ByteLevelBPETokenizer
 
-    from megatron.training.preprocess import preprocess
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.preprocess import preprocess
+    from megatron.training.data.tokenizer import build_tokenizer
     t0 = time.time()
     extra = {}
     if name == "code":

@@ -139,7 +139,7 @@ def save_runs(path: str, iters: int, runs: List[RunResult], meta: Optional[dict]
     the settings the table's caption needs (see load_meta)."""
     import dataclasses
     import json
-    from megatron.training.checkpointing import atomic_write_text
+    from megatron.training.checkpointing.save_load import atomic_write_text
     atomic_write_text(path, json.dumps({"iters": iters, "meta": meta or {}, "runs": [
         {k: v for k, v in dataclasses.asdict(r).items() if k in _KEEP} for r in runs]}))
 

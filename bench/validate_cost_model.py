@@ -39,7 +39,7 @@ from bench_slow_link import (CONFIGS, PLACEMENT, rate_bits, run_argv, side_of,  
 from megatron.cc.plan.links import Cluster, LinkSpec  # noqa: E402
 from megatron.cc.plan.shapes import ModelShape  # noqa: E402
 from megatron.cc.plan.step_time import step_time  # noqa: E402
-from megatron.training.auto_compression import layout_of  # noqa: E402
+from megatron.training.compression.auto_compression import layout_of  # noqa: E402
 from tools.plan_compression import PlanError, parse_run, vocab_size  # noqa: E402
 
 UNCOMPRESSED = ("uncompressed", "uncompressed-dp", "uncompressed-both", "tp2-uncompressed")

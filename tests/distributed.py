@@ -28,7 +28,7 @@ def free_port() -> int:
 
 
 PRELOAD = ["torch", "torch.distributed", "megatron.core.parallel_state",
-           "megatron.training.training", "tests.training.runner"]
+           "megatron.training.loop.training", "tests.training.runner"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch.distributed as dist
 
-from megatron.training import compat
+from megatron.training.runtime import compat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

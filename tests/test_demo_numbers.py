@@ -68,7 +68,7 @@ def test_readme_states_the_recorded_run():
 def test_demo_bytes_match_the_record(tiny_corpus, tmp_path):
     from tests.conftest import _local_texts, write_indexed
     from tokenizers import ByteLevelBPETokenizer
-    from megatron.training.corpus import EOD_TOKEN, VOCAB_SIZE, train_tokenizer
+    from megatron.training.data.corpus import EOD_TOKEN, VOCAB_SIZE, train_tokenizer
 
     texts = _local_texts(limit=400)
     vocab, merges = train_tokenizer(texts, str(tmp_path))

@@ -2,7 +2,7 @@
 
     python -m tools.corpus [--cache-dir D] [--max-bytes N]
 
-A command line over megatron/training/corpus.py, which gathers the text, trains the tokenizer
+A command line over megatron/training/data/corpus.py, which gathers the text, trains the tokenizer
 and caches the result (pretrain_gpt.py uses it when no --data-path is given).
 """
 
@@ -15,7 +15,7 @@ from dataclasses import asdict
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.training.corpus import DEFAULT_MAX_BYTES, default_assets  # noqa: E402
+from megatron.training.data.corpus import DEFAULT_MAX_BYTES, default_assets  # noqa: E402
 
 
 def main(argv=None) -> int:

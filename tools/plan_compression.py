@@ -42,8 +42,8 @@ from megatron.cc.plan.channel_bytes import channel_bytes  # noqa: E402
 from megatron.cc.plan.links import ClusterConfigError, load_cluster  # noqa: E402
 from megatron.cc.plan.shapes import ModelShape  # noqa: E402
 from megatron.cc.common.stats import ChannelStats  # noqa: E402
-from megatron.training.auto_compression import layout_of  # noqa: E402
-from megatron.training.config_flags import ConfigError  # noqa: E402
+from megatron.training.compression.auto_compression import layout_of  # noqa: E402
+from megatron.training.config.config_flags import ConfigError  # noqa: E402
 
 
 class PlanError(ValueError):
@@ -66,7 +66,7 @@ def _as_on_gpus():
 
 def parse_run(flags: List[str], world_size: int):
     """pretrain_gpt.py's Args for `flags` at `world_size` (ConfigError naming the flag)."""
-    from megatron.training.arguments import parse_args
+    from megatron.training.flags.arguments import parse_args
     if flags and flags[0] == "--":
         flags = flags[1:]
     with _as_on_gpus():
@@ -87,9 +87,9 @@ def vocab_size(args, given: Optional[int]) -> int:
         return given
     d = args.data
     if d.vocab_file is None and d.tokenizer_model is None:
-        from megatron.training.corpus import default_assets
+        from megatron.training.data.corpus import default_assets
         return default_assets().vocab_size
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.tokenizer import build_tokenizer
     return build_tokenizer(d.tokenizer_type, d.vocab_file, d.merge_file,
                            d.tokenizer_model).vocab_size
 

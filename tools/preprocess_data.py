@@ -14,10 +14,10 @@ skipped, counted, and reported with their line numbers at the end; the run fails
 only if no line yields a document. Outputs are written under temporary names and renamed
 into place, so a crashed run never leaves a half-written dataset behind.
 
-From Python (megatron/training/preprocess.py, what --task-name and the embedded corpus
+From Python (megatron/training/data/preprocess.py, what --task-name and the embedded corpus
 builder use):
 
-    from megatron.training.preprocess import preprocess
+    from megatron.training.data.preprocess import preprocess
     stats = preprocess("corpus.jsonl", "data/my-gpt2", tokenizer, append_eod=True)
 """
 
@@ -29,11 +29,11 @@ import sys
 from typing import Optional, Sequence
 
 try:
-    from megatron.training.tokenizer import TOKENIZER_TYPES, build_tokenizer
+    from megatron.training.data.tokenizer import TOKENIZER_TYPES, build_tokenizer
 except ModuleNotFoundError:  # run as `python tools/preprocess_data.py` from outside the repo root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from megatron.training.tokenizer import TOKENIZER_TYPES, build_tokenizer
-from megatron.training.preprocess import PreprocessError, preprocess
+    from megatron.training.data.tokenizer import TOKENIZER_TYPES, build_tokenizer
+from megatron.training.data.preprocess import PreprocessError, preprocess
 
 
 # ----------------------------------------------------------------------------- command line

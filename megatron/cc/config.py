@@ -4,7 +4,7 @@ per --dp-mode; megatron/cc/pipeline/, one per --forward- / --backward-compress-m
 megatron/cc/embedding/).
 
 The library (megatron.cc) receives this object in constructors and never reads flags itself;
-the training driver generates the flags from these fields (megatron.training.config_flags).
+the training driver generates the flags from these fields (megatron.training.config.config_flags).
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -32,7 +32,7 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
               "--seed). Saved in checkpoints; a resume must keep it.")
 
     # ---- --compression auto: the planner chooses the codecs
-    #      (megatron/training/auto_compression.py)
+    #      (megatron/training/compression/auto_compression.py)
     compression: str = flag(
         "manual", "manual: the compression flags given (today's behaviour). auto: at start-up "
                   "probe every channel's link (bandwidth, latency) and the compute rate, run the "

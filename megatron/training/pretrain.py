@@ -11,14 +11,14 @@ import sys
 import time
 import traceback
 
-from megatron.training.arguments import ConfigError, parse_args
+from megatron.training.flags.arguments import ConfigError, parse_args
 
 
 def resolve_default_data(args) -> None:
     """No --data-path: train on the embedded corpus with its own tokenizer (built once, cached)."""
     if args.data.data_path:
         return
-    from megatron.training.corpus import default_assets
+    from megatron.training.data.corpus import default_assets
     assets = default_assets()
     if not args.data.task_name:   # --task-name brings its own data, maybe not the tokenizer
         args.data.data_path = [assets.data_prefix]
@@ -44,18 +44,18 @@ def main(argv=None) -> int:
     if args.compat.local_rank is not None:   # python -m torch.distributed.launch's --local-rank
         os.environ.setdefault("LOCAL_RANK", str(args.compat.local_rank))
     if int(os.environ.get("RANK", "0")) == 0:
-        from megatron.training.seed_flags import seed_notes
+        from megatron.training.flags.seed_flags import seed_notes
         for note in seed_notes(args):
             print(f"note: {note}", flush=True)
         import torch
-        from megatron.training.fallback_warnings import fallback_note
+        from megatron.training.runtime.fallback_warnings import fallback_note
         note = fallback_note() if torch.cuda.is_available() else None  # CPU: fallbacks expected
         if note:
             print(f"note: {note}", flush=True)
 
-    from megatron.training.checkpoint_io import CheckpointLoadError
-    from megatron.training.initialize import destroy, initialize_distributed
-    from megatron.training.training import Trainer
+    from megatron.training.checkpointing.checkpoint_io import CheckpointLoadError
+    from megatron.training.runtime.initialize import destroy, initialize_distributed
+    from megatron.training.loop.training import Trainer
     try:
         trainer = Trainer(args, initialize_distributed(args))
         trainer.train()
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         # Never leave the other ranks blocked in a collective: report and exit hard; torchrun
         # (or srun --kill-on-bad-exit) then stops the rest of the job.
         rank = os.environ.get("RANK", "0")
-        from megatron.training.collective_errors import describe_collective_failure
+        from megatron.training.runtime.collective_errors import describe_collective_failure
         collective = describe_collective_failure(sys.exc_info()[1])
         if collective:  # one line first: which collective this rank was stuck in
             os.write(2, f"[rank {rank}] error: {collective}\n".encode())

@@ -58,7 +58,7 @@ def task(tiny_corpus, tmp_path_factory):
     Small on purpose: one epoch of the training split is a few global batches, so training
     runs several epochs and the activation caches see their samples again.
     """
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.tokenizer import build_tokenizer
     from tools import text_to_jsonl
     from tools.preprocess_data import preprocess
     d = tmp_path_factory.mktemp("task")
@@ -103,7 +103,7 @@ def _argv(corpus, **kw):
     ({"forward-compress-method": "delta", "data-path": None}, None),   # valid
 ])
 def test_contradictions_are_refused_before_training(tiny_corpus, flags, fragment):
-    from megatron.training.arguments import ConfigError, parse_args
+    from megatron.training.flags.arguments import ConfigError, parse_args
     flags = {"pipeline-model-parallel-size": 2, **flags}
     argv = _argv(tiny_corpus, **flags)
     if fragment is None:
@@ -122,7 +122,7 @@ def test_contradictions_are_refused_before_training(tiny_corpus, flags, fragment
 ])
 def test_a_warmup_that_is_not_a_number_is_named(tiny_corpus, capsys, flag, value, fragment):
     """argparse names the flag; the converter says what it expected (not 'invalid in_iters')."""
-    from megatron.training.arguments import parse_args
+    from megatron.training.flags.arguments import parse_args
     argv = _argv(tiny_corpus, **{"pipeline-model-parallel-size": 2}) + [f"--{flag}", value]
     with pytest.raises(SystemExit):
         parse_args(argv, world_size=2)
@@ -134,7 +134,7 @@ def test_a_warmup_that_is_not_a_number_is_named(tiny_corpus, capsys, flag, value
                                    {"forward-compress-method": "delta"},
                                    {"forward-compress-method": "tah", "warmup-epochs": 1}])
 def test_epochs_need_one_dataset_not_a_blend(tiny_corpus, flags):
-    from megatron.training.arguments import ConfigError, parse_args
+    from megatron.training.flags.arguments import ConfigError, parse_args
     p = tiny_corpus["prefix"]
     argv = _argv(tiny_corpus, **{"pipeline-model-parallel-size": 2, "data-path": None,
                                  **flags}) + ["--data-path", "0.5", p, "0.5", p]
@@ -143,7 +143,7 @@ def test_epochs_need_one_dataset_not_a_blend(tiny_corpus, flags):
 
 
 def test_lowrank_method_is_compressed_backprop(tiny_corpus):
-    from megatron.training.arguments import parse_args
+    from megatron.training.flags.arguments import parse_args
     a = parse_args(_argv(tiny_corpus, **{"pipeline-model-parallel-size": 2,
                                          "backward-compress-method": "lowrank",
                                          "backward-rank": 3, "use-error-feedback": True}), 2)
@@ -155,8 +155,8 @@ def test_lowrank_method_is_compressed_backprop(tiny_corpus):
 
 
 def test_warmup_epochs_and_default_cache_size(tiny_corpus):
-    from megatron.training.arguments import ConfigError, parse_args
-    from megatron.training.pipeline_codecs import cache_capacity, warmup_iters
+    from megatron.training.flags.arguments import ConfigError, parse_args
+    from megatron.training.compression.pipeline_codecs import cache_capacity, warmup_iters
 
     def args(**kw):   # world 4 at pp=2: dp=2, global batch 8
         return parse_args(_argv(tiny_corpus, **{"pipeline-model-parallel-size": 2,
@@ -259,9 +259,9 @@ def _train(argv, world, load=None, stats_channels=("pp-fwd", "pp-bwd")):
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.cc.common.stats import ChannelStats
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.training import Trainer
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.loop.training import Trainer
     args = parse_args(argv, world_size=world)
     initialize_distributed(args)
     trainer = Trainer(args)
@@ -382,7 +382,7 @@ def test_codecs_compose_with_cb_and_data_parallel_modes(job_pp2):
 def _hf_loss(hf_dir, trainer):
     """Hugging Face's mean loss over iteration 0's micro-batches (dp replica 0)."""
     from transformers import GPT2LMHeadModel
-    from megatron.training.data import collate
+    from megatron.training.data.datasets import collate
     model = GPT2LMHeadModel.from_pretrained(hf_dir, local_files_only=True).eval()
     losses = []
     with torch.no_grad():
@@ -397,9 +397,9 @@ def _hf_loss(hf_dir, trainer):
 def _finetune(argv, world, hf_dir):
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.training import Trainer
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.loop.training import Trainer
     args = parse_args(argv, world_size=world)
     initialize_distributed(args)
     trainer = Trainer(args)
@@ -434,7 +434,7 @@ def _job_pp4(rank, world, corpus, hf):
 def hf_import(tiny_corpus, tmp_path_factory):
     """A random tiny GPT-2 (tanh GeLU, every tensor perturbed) and its import at pp=4."""
     from transformers import GPT2Config, GPT2LMHeadModel
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.tokenizer import build_tokenizer
     from tools.checkpoint import import_hf
     root = tmp_path_factory.mktemp("hf")
     tok = build_tokenizer("GPT2BPETokenizer", tiny_corpus["vocab"], tiny_corpus["merges"])

@@ -27,7 +27,7 @@ def test_exception_resurfaces_once_with_its_cause():
 
 
 def test_async_writer_reports_a_failed_write(tmp_path):
-    from megatron.training.async_save import AsyncWriter
+    from megatron.training.checkpointing.async_save import AsyncWriter
     w = AsyncWriter()
     w.submit([({"x": 1}, str(tmp_path / "missing_dir" / "f.pt"))])
     with pytest.raises(RuntimeError, match="asynchronous checkpoint write failed"):

@@ -276,6 +276,6 @@ def test_virtual_pipeline_adds_interleaved_twins():
     placement, flags = bsl.CONFIGS["all-pipeline-vp2"]
     assert placement == "pp" and flags[-2:] == ["--virtual-pipeline-model-parallel-size", "2"]
     assert flags[:-2] == bsl.CONFIGS["all-pipeline"][1]
-    from megatron.training.arguments import parse_args
+    from megatron.training.flags.arguments import parse_args
     argv = bsl.MODEL + ["--pipeline-model-parallel-size", "2", "--global-batch-size", "32"]
     assert parse_args(argv + flags, world_size=2).vp == 2   # the bench's model accepts it

@@ -8,7 +8,7 @@ import pytest
 from megatron.cc.config import CompressionConfig
 from megatron.cc.common.config_fields import ConfigError
 from megatron.cc.data_parallel.registry import ALIASES, DP_MODES
-from megatron.training.arguments import build_parser, parse_args
+from megatron.training.flags.arguments import build_parser, parse_args
 
 
 def test_every_mode_and_alias_is_a_choice_and_resolves_to_its_plugin():

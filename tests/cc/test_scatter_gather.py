@@ -83,7 +83,7 @@ def test_each_rank_sends_and_counts_its_slice(codec):
 
 
 def test_flag_spellings(tiny_corpus):
-    from megatron.training.arguments import ConfigError, parse_args
+    from megatron.training.flags.arguments import ConfigError, parse_args
     from tests.conftest import tiny_gpt_argv
 
     def args(*extra, **kw):

@@ -54,7 +54,7 @@ Mistakes injected on purpose to prove the tier catches them (then reverted):
     (b) causal mask made on the CPU (attention.py SDPAttention: attn_mask=torch.ones(S, S,
         dtype=bool).tril() instead of is_causal=True) -> the same test:
         "FakeTensorDeviceMismatchError: Expected all tensors to be on the same device, but
-        found at least two devices, cuda:0 and cpu!" at megatron/training/attention.py:44
+        found at least two devices, cuda:0 and cpu!" at megatron/training/model/attention.py:44
     (c) `.item()` in a codec's encode (FixpointCodec.encode: `if x.abs().max().item() == 0`)
         -> test_codecs (every fixpoint case) and test_pipeline_channels[fixpoint-*]:
         "HostSync: host sync inside a strict block: read aten._local_scalar_dense.default

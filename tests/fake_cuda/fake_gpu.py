@@ -47,7 +47,7 @@ What is faked, and how (all undone on exit, in reverse order):
   of `size` ranks whose peers mirror this one (a sum is D x), for per-rank compute of dp
   modes that only act with dp > 1. new_group/get_backend/get_world_size/get_rank answer for
   both kinds.
-- megatron-core: the CPU shim (megatron/training/cpu_shim.py) rewires megatron-core for a
+- megatron-core: the CPU shim (megatron/training/runtime/cpu_shim.py) rewires megatron-core for a
   CPU-only torch; with fake CUDA megatron-core must run *unshimmed*, so the attributes the
   shim patches are set back to their originals (captured when this module was imported,
   before any test could apply the shim) for the duration.
@@ -78,7 +78,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from megatron.training import cpu_shim
+from megatron.training.runtime import cpu_shim
 
 aten = torch.ops.aten
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -106,7 +106,7 @@ def _capture_unshimmed():
     """megatron-core's attributes as shipped; the CPU shim replaces them when it is applied.
     pytest imports this module while collecting, before any test can apply the shim."""
     if cpu_shim._applied:
-        raise RuntimeError("megatron/training/cpu_shim.py was applied before the fake-CUDA "
+        raise RuntimeError("megatron/training/runtime/cpu_shim.py was applied before the fake-CUDA "
                            "tier was imported; the unshimmed megatron-core is lost")
     out = {(o, a): getattr(_owner(o), a) for o, a in cpu_shim.PATCHED if isinstance(o, str)}
     for name in cpu_shim.DEVICE_LITERAL_MODULES:

@@ -71,8 +71,8 @@ def world(request, tiny_corpus):
 def _dp_sync(trainer, flags, group):
     """build_grad_sync as a 2-replica job's rank 0 would call it."""
     import dataclasses
-    from megatron.training.arguments import parse_args
-    from megatron.training.channels import build_grad_sync
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.compression.channels import build_grad_sync
     d = trainer.args.data
     corpus = {"prefix": d.data_path[0], "vocab": d.vocab_file, "merges": d.merge_file}
     args = parse_args(tiny_gpt_argv(corpus, **{**SMALL, **flags}), world_size=2)

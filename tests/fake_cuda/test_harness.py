@@ -72,9 +72,9 @@ def test_nccl_refuses_cpu_tensors_and_another_gpu(fake_gpu):
 def test_nccl_refuses_two_ranks_on_one_gpu(fake_gpu, tiny_corpus):
     """Two local ranks, one GPU: initialize_distributed refuses --distributed-backend nccl
     with a ConfigError naming the fix, before NCCL would ("Duplicate GPU detected")."""
-    from megatron.training.arguments import parse_args
-    from megatron.training.config_flags import ConfigError
-    from megatron.training.initialize import initialize_distributed
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.config.config_flags import ConfigError
+    from megatron.training.runtime.initialize import initialize_distributed
     from tests.conftest import tiny_gpt_argv
     with pytest.raises(NcclRefuses, match="Duplicate GPU"):
         with fake_gpu(backend="nccl", local_world_size=2):
@@ -118,7 +118,7 @@ def test_python_backward_equals_autograd():
 def test_unshimmed_megatron_was_captured_before_the_shim():
     """The CPU shim replaces megatron-core attributes; the fake GPU restores what it captured
     at import. The capture must hold upstream objects, not the shim's."""
-    from megatron.training import cpu_shim
+    from megatron.training.runtime import cpu_shim
     for (owner, attr), value in UNSHIMMED.items():
         assert getattr(value, "__module__", None) != cpu_shim.__name__, (owner, attr)
 

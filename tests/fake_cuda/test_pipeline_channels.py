@@ -37,9 +37,9 @@ FLAGS = {
 
 def _channels(stage, flags, corpus):
     """build_pipeline_channels as stage `stage` of a pp=2 job (global ranks 0 and 1) does."""
-    from megatron.training.arguments import parse_args
-    from megatron.training.channels import build_pipeline_channels
-    from megatron.training.topology import Topology
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.compression.channels import build_pipeline_channels
+    from megatron.training.runtime.topology import Topology
     argv = tiny_gpt_argv(corpus, **{"num-layers": 2, "seq-length": S, "hidden-size": H,
                                    "micro-batch-size": B, "global-batch-size": 2,
                                    "pipeline-model-parallel-size": 2,

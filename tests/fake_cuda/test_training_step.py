@@ -44,9 +44,9 @@ def _argv(corpus, family, dtype, **extra):
 
 def build_trainer(gpu, argv):
     """What pretrain_gpt.main does before train()."""
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.training import Trainer
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.loop.training import Trainer
     args = parse_args(argv, world_size=1)
     initialize_distributed(args)
     trainer = Trainer(args)
@@ -61,7 +61,7 @@ def assert_one_dtype(trainer, dtype):
     """Every parameter in the training dtype, as Megatron's Float16Module makes it: a real GPU
     refuses an fp32 activation (fp32 position embedding + bf16 word embedding, fp32 LayerNorm)
     in a bf16 linear, which fake kernels do not check (first seen on an H200)."""
-    from megatron.training.model import unwrap
+    from megatron.training.model.model import unwrap
     other = {n: p.dtype for n, p in unwrap(trainer.model).named_parameters() if p.dtype != dtype}
     assert not other, f"parameters not in {dtype}: {other}"
 
@@ -72,7 +72,7 @@ def unexpected_reads(gpu, since=0):
 
 
 def assert_on_gpu(trainer, gpu, stepped=True):
-    from megatron.training.model import unwrap
+    from megatron.training.model.model import unwrap
     model = unwrap(trainer.model)
     off = [n for n, p in model.named_parameters() if p.device != gpu.device]
     off += [n for n, b in model.named_buffers() if b.device != gpu.device]
@@ -116,7 +116,7 @@ def _step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, back
     assert_on_gpu(trainer, gpu, stepped=False)
     assert_one_dtype(trainer, PARAM_DTYPES[dtype])
     if family.endswith("subspace"):   # U orthonormal to fp32 precision in any training dtype
-        from megatron.training.model import unwrap
+        from megatron.training.model.model import unwrap
         assert unwrap(trainer.model).subspace_basis.dtype == torch.float32
         assert unwrap(trainer.model).subspace_write_scale.dtype == torch.float32   # and a
     start = len(gpu.events)
@@ -133,7 +133,7 @@ def _step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, back
     trainer.evaluate()
     assert unexpected_reads(gpu, start) == []
 
-    monkeypatch.setattr("megatron.training.checkpointing.write_file", _write_host_copy)
+    monkeypatch.setattr("megatron.training.checkpointing.save_load.write_file", _write_host_copy)
     trainer.ckpt.save(str(tmp_path))
     if distopt:   # gathered by name: whole moments and the fp32 main weight of each bf16 param
         from tools.checkpoint.layout import read_checkpoint
@@ -156,6 +156,6 @@ def _step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, back
 
 def _write_host_copy(obj, path):
     """checkpoint_io.write_file of what a GPU run would write, with CPU stand-ins."""
-    from megatron.training.checkpoint_io import write_file
+    from megatron.training.checkpointing.checkpoint_io import write_file
     from tests.fake_cuda.fake_gpu import real_copy
     write_file(real_copy(obj), path)

@@ -22,7 +22,7 @@ def seed_inputs(tiny_corpus, tmp_path_factory):
     """A random GPT-2 directory with its tokenizer, and a 24-document jsonl task."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.tokenizer import build_tokenizer
     root = tmp_path_factory.mktemp("seed_runner")
     tok = build_tokenizer("GPT2BPETokenizer", tiny_corpus["vocab"], tiny_corpus["merges"])
     torch.manual_seed(0)
@@ -122,7 +122,7 @@ def opt_model(seed_inputs, tiny_corpus):
     as CocktailSGD's OPT scripts fine-tune."""
     import torch
     from transformers import OPTConfig, OPTForCausalLM
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.tokenizer import build_tokenizer
     tok = build_tokenizer("GPT2BPETokenizer", tiny_corpus["vocab"], tiny_corpus["merges"])
     torch.manual_seed(0)
     config = OPTConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=4,

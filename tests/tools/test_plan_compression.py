@@ -92,7 +92,7 @@ def test_plan_prints_ranked_candidates_flags_and_a_plot(cluster_yaml, tmp_path, 
     times = [float(r.split()[5]) for r in rows]
     assert times == sorted(times)
     flags = next(l for l in out.splitlines() if l.startswith("flags: ")).split()[1:]
-    from megatron.training.arguments import parse_args
+    from megatron.training.flags.arguments import parse_args
     parse_args(MODEL.split() + flags, world_size=8)   # the recommendation is runnable
     assert png.stat().st_size > 10_000
 

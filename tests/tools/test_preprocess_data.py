@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from megatron.training.tokenizer import build_tokenizer
+from megatron.training.data.tokenizer import build_tokenizer
 from tests.training.test_tokenizer import write_tiny_gpt2_tokenizer
 from tools.preprocess_data import PreprocessError, main, preprocess
 

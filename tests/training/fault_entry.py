@@ -17,7 +17,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import pretrain_gpt  # noqa: E402
-from megatron.training import training  # noqa: E402
+from megatron.training.loop import training  # noqa: E402
 
 FAULT, RANK = os.environ.get("FAULT"), int(os.environ.get("FAULT_RANK", "-1"))
 AT, SLEEP = int(os.environ.get("FAULT_AT", "0")), float(os.environ.get("FAULT_SLEEP", "120"))
@@ -49,7 +49,7 @@ if mine and FAULT == "sigterm":
     training.Trainer.train_step = signalled_step
 
 if mine and FAULT == "kill_in_save":
-    from megatron.training import async_save
+    from megatron.training.checkpointing import async_save
 
     def dying_write(obj, path, _real=async_save.write_file):
         _real(obj, path)
@@ -73,7 +73,7 @@ if os.environ.get("LOSS_FILE"):
     training.Trainer.train = recorded_train
 
 if mine and FAULT == "hang_startup":
-    from megatron.training import initialize
+    from megatron.training.runtime import initialize
     init = initialize.initialize_distributed
 
     def late_init(args):

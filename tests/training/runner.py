@@ -4,9 +4,9 @@ import torch.distributed as dist
 
 def _run(argv, world_size, after_train=None):
     """Parse, initialise, train, tear down; return (last rank's losses, after_train(trainer))."""
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.training import Trainer
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.loop.training import Trainer
     from megatron.core import parallel_state as ps
 
     args = parse_args(argv, world_size=world_size)

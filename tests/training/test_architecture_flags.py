@@ -1,8 +1,8 @@
 """Architecture flags: contradictions refused before training with the flags named; defaults."""
 import pytest
 
-from megatron.training.arguments import parse_args
-from megatron.training.config_flags import ConfigError
+from megatron.training.flags.arguments import parse_args
+from megatron.training.config.config_flags import ConfigError
 
 BASE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"]
 

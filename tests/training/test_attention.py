@@ -11,9 +11,9 @@ TOL = 2e-5  # fp32, different summation order in softmax(QK^T)V
 
 def _logits_and_grads(rank, world, impl):
     from megatron.core import parallel_state as ps
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.model import build_gpt_model, transformer_config
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.model.model import build_gpt_model, transformer_config
     args = parse_args(["--tensor-model-parallel-size", "2", "--num-layers", "2",
                        "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
                        "--attention-dropout", "0", "--hidden-dropout", "0",
@@ -48,8 +48,8 @@ def test_sdpa_matches_local_attention():
 
 
 def test_default_impl_is_local_on_cpu_and_transformer_engine_is_checked():
-    from megatron.training.arguments import ConfigError, parse_args
-    from megatron.training.attention import default_impl, have_transformer_engine
+    from megatron.training.flags.arguments import ConfigError, parse_args
+    from megatron.training.model.attention import default_impl, have_transformer_engine
     if not torch.cuda.is_available():
         assert default_impl() == "local"
     if not have_transformer_engine():

@@ -5,11 +5,11 @@ import re
 import pytest
 
 from megatron.cc.plan.links import LinkSpec
-from megatron.training.arguments import parse_args
-from megatron.training.auto_compression import (apply_candidate, build_cluster, choose,
+from megatron.training.flags.arguments import parse_args
+from megatron.training.compression.auto_compression import (apply_candidate, build_cluster, choose,
                                                 link_of, node_blocks, plan_launched, report)
-from megatron.training.config_flags import ConfigError
-from megatron.training.link_probe import Probe
+from megatron.training.config.config_flags import ConfigError
+from megatron.training.runtime.link_probe import Probe
 
 SMALL, LARGE = 4096, 1 << 20
 MODEL = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",

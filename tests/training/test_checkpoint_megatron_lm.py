@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.training.checkpoint_args import args_dict
-from megatron.training.checkpoint_io import safe_load, write_file
+from megatron.training.checkpointing.checkpoint_args import args_dict
+from megatron.training.checkpointing.checkpoint_io import safe_load, write_file
 from tests.conftest import tiny_gpt_argv
 from tests.distributed import run_distributed
 
@@ -100,10 +100,10 @@ def write_megatron_lm(ours: str, dst: str, spec: str) -> dict:
 def _loaded(argv):
     """(model state, iteration, consumed samples) right after Trainer loads, or the error."""
     from megatron.core import parallel_state as ps
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.model import unwrap
-    from megatron.training.training import Trainer
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.model.model import unwrap
+    from megatron.training.loop.training import Trainer
     args = parse_args(argv, world_size=1)
     initialize_distributed(args)
     try:
@@ -205,8 +205,8 @@ def test_tools_read_megatron_lm_and_legacy_checkpoints(runs, spec):
 
 
 def test_args_namespace_round_trip_and_flat_flags():
-    from megatron.training.arguments import parse_args
-    from megatron.training.checkpoint_args import args_namespace
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.checkpointing.checkpoint_args import args_namespace
     d = parse_args(["--tensor-model-parallel-size", "2"], world_size=4).to_dict()
     ns = args_namespace(d, {"padded_vocab_size": 256, "vocab_size": 200}, consumed_samples=7)
     assert args_dict(ns) == d and args_dict(d) == d
@@ -219,7 +219,7 @@ def test_args_namespace_round_trip_and_flat_flags():
 @pytest.mark.parametrize("tp_rank,pp_rank,pp,name", [
     (0, 0, 1, "mp_rank_00"), (3, 0, 1, "mp_rank_03"), (1, 2, 4, "mp_rank_01_002")])
 def test_shard_directory_names(tp_rank, pp_rank, pp, name):
-    from megatron.training.checkpoint_compat import (
+    from megatron.training.checkpointing.checkpoint_compat import (
         parse_shard_dir, shard_dir_candidates, shard_dir_name)
     assert shard_dir_name(tp_rank, pp_rank, pp) == name
     assert parse_shard_dir(name) == (tp_rank, pp_rank)

@@ -30,9 +30,9 @@ class Box:
 
 
 def _manager(args, iteration, weights, cache):
-    from megatron.training.checkpointing import SHARD, CheckpointManager, Progress
+    from megatron.training.checkpointing.save_load import SHARD, CheckpointManager, Progress
     progress = Progress(iteration=iteration, consumed_samples=8 * iteration)
-    from megatron.training.topology import Topology
+    from megatron.training.runtime.topology import Topology
     m = CheckpointManager(args, progress, padded_vocab_size=1024, vocab_size=1000,
                           topo=Topology.from_parallel_state())
     boxes = {"weights": Box("weights", weights), "cache": Box("cache", cache)}
@@ -44,9 +44,9 @@ def _manager(args, iteration, weights, cache):
 def _worker(rank, world, corpus, root):
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from megatron.training.arguments import parse_args
-    from megatron.training.checkpoint_io import safe_load
-    from megatron.training.checkpointing import rank_file, shard_file
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.checkpointing.checkpoint_io import safe_load
+    from megatron.training.checkpointing.save_load import rank_file, shard_file
     ps.initialize_model_parallel(1, 1)
     args = parse_args(tiny_gpt_argv(corpus), world_size=world)
     saved, _, _ = _manager(args, 3, torch.arange(4.0), torch.full((2,), float(rank)))
@@ -80,7 +80,7 @@ def test_manager_saves_and_restores_registered_statefuls(tiny_corpus, tmp_path):
 
 
 def test_checkpointing_never_mentions_a_trainer():
-    from megatron.training import checkpointing
+    from megatron.training.checkpointing import save_load as checkpointing
     tree = ast.parse(Path(checkpointing.__file__).read_text())
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     names |= {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
@@ -89,8 +89,8 @@ def test_checkpointing_never_mentions_a_trainer():
 
 
 def test_trainer_counters_are_its_progress():
-    from megatron.training.checkpointing import Progress
-    from megatron.training.training import Trainer
+    from megatron.training.checkpointing.save_load import Progress
+    from megatron.training.loop.training import Trainer
     t = types.SimpleNamespace(progress=Progress())
     Trainer.iteration.fset(t, 5)
     Trainer.consumed_samples.fset(t, 40)
@@ -107,7 +107,7 @@ def test_trainer_counters_are_its_progress():
                              "channel"}),
 ])
 def test_load_flags_pick_what_is_restored(flags, restored):
-    from megatron.training.checkpointing import CheckpointManager
+    from megatron.training.checkpointing.save_load import CheckpointManager
     c = types.SimpleNamespace(finetune=False, no_load_optim=False, no_load_rng=False)
     vars(c).update(flags)
     m = CheckpointManager.__new__(CheckpointManager)   # no process groups needed here

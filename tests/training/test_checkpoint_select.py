@@ -8,8 +8,8 @@ from tests.distributed import run_distributed
 
 
 def _worker(rank, world, root):
-    from megatron.training.checkpoint_io import write_file
-    from megatron.training.checkpoint_select import LATEST, choose_checkpoint, iter_dir
+    from megatron.training.checkpointing.checkpoint_io import write_file
+    from megatron.training.checkpointing.checkpoint_select import LATEST, choose_checkpoint, iter_dir
 
     def files(it):
         return [os.path.join(iter_dir(root, it), "model_optim_rng.pt")]
@@ -39,8 +39,8 @@ def test_choose_checkpoint(tmp_path):
 
 def _unchecked_worker(rank, world, root):
     """Files without a .sha256 (older saves, Megatron-LM's): a truncated one is refused by name."""
-    from megatron.training.checkpoint_io import DIGEST_SUFFIX, write_file
-    from megatron.training.checkpoint_select import LATEST, choose_checkpoint, iter_dir
+    from megatron.training.checkpointing.checkpoint_io import DIGEST_SUFFIX, write_file
+    from megatron.training.checkpointing.checkpoint_select import LATEST, choose_checkpoint, iter_dir
 
     def files(it):
         return [os.path.join(iter_dir(root, it), "model_optim_rng.pt")]
@@ -68,7 +68,7 @@ def test_truncated_file_without_checksum_is_named(tmp_path):
 
 def test_damaged_files_without_checksum(tmp_path):
     """verify_file without a .sha256 checks the zip's CRCs; safe_load names the file too."""
-    from megatron.training.checkpoint_io import (CheckpointLoadError, DIGEST_SUFFIX, safe_load,
+    from megatron.training.checkpointing.checkpoint_io import (CheckpointLoadError, DIGEST_SUFFIX, safe_load,
                                                  verify_file, write_file)
     path = str(tmp_path / "model_optim_rng.pt")
     write_file({"w": torch.arange(4096.0)}, path)
@@ -91,8 +91,8 @@ def test_damaged_files_without_checksum(tmp_path):
 
 def _refused_then_fallback(root, files, out):
     """out + what choose_checkpoint says of the damaged latest without and with the fallback."""
-    from megatron.training.checkpoint_io import CheckpointLoadError
-    from megatron.training.checkpoint_select import choose_checkpoint
+    from megatron.training.checkpointing.checkpoint_io import CheckpointLoadError
+    from megatron.training.checkpointing.checkpoint_select import choose_checkpoint
     try:
         choose_checkpoint(root, files, fallback=False)
     except CheckpointLoadError as e:

@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from megatron.training import corpus
-from megatron.training.corpus import (
+from megatron.training.data import corpus
+from megatron.training.data.corpus import (
     VOCAB_SIZE,
     build_cached,
     default_assets,
@@ -25,7 +25,7 @@ from megatron.training.corpus import (
     train_tokenizer,
     write_jsonl,
 )
-from megatron.training.tokenizer import vocab_size_with_padding
+from megatron.training.data.tokenizer import vocab_size_with_padding
 
 SMALL = 300_000  # bytes of text: enough for a 4096-entry BPE, builds in a few seconds
 

@@ -5,7 +5,7 @@ import inspect
 import pytest
 import torch
 
-from megatron.training import cpu_shim
+from megatron.training.runtime import cpu_shim
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the shim is for CPU-only torch")
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the shim is f
 @pytest.mark.parametrize("owner,attr", cpu_shim.PATCHED, ids=[a for _, a in cpu_shim.PATCHED])
 def test_patched_attributes_exist_upstream(owner, attr):
     module = importlib.import_module(owner) if isinstance(owner, str) else owner
-    assert hasattr(module, attr), f"{owner}.{attr} is gone: revisit megatron/training/cpu_shim.py"
+    assert hasattr(module, attr), f"{owner}.{attr} is gone: revisit megatron/training/runtime/cpu_shim.py"
 
 
 @pytest.mark.parametrize("name", cpu_shim.DEVICE_LITERAL_MODULES)

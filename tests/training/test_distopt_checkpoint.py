@@ -135,7 +135,7 @@ def test_export_reads_a_distributed_optimizer_checkpoint(runs, tmp_path):
 
 def test_old_distributed_optimizer_checkpoint_names_the_flag():
     """Before the gather, such checkpoints held megatron-core's state_dict(): no moments."""
-    from megatron.training.checkpointing import OptimizerState
+    from megatron.training.checkpointing.save_load import OptimizerState
     old = {"optimizer_by_name": None, "grad_scaler": None,
            "optimizer": {"optimizer": {"param_groups": [{"lr": 1e-3}]}}}
     with pytest.raises(ValueError, match="--no-load-optim"):

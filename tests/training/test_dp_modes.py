@@ -14,8 +14,8 @@
 """
 import pytest
 
-from megatron.training.arguments import parse_args
-from megatron.training.config_flags import ConfigError
+from megatron.training.flags.arguments import parse_args
+from megatron.training.config.config_flags import ConfigError
 from tests.conftest import tiny_gpt_argv
 from tests.distributed import run_distributed
 from tests.training import runner
@@ -291,7 +291,7 @@ def test_replica_average_validation(tiny_corpus):
 
 
 def _replica_adam_worker(rank, world, corpus):
-    from megatron.training.checkpointing import _torch_optimizers
+    from megatron.training.checkpointing.save_load import _torch_optimizers
 
     def kinds(trainer):
         return [(type(o).__name__, getattr(o, "dp", None))

@@ -27,7 +27,7 @@ def test_no_transformer_engine_or_apex_warnings(argv):
 
 def test_only_those_messages_from_megatron_core_are_filtered():
     import warnings
-    from megatron.training.fallback_warnings import silence_fallback_warnings
+    from megatron.training.runtime.fallback_warnings import silence_fallback_warnings
     apex = "Apex is not installed. Falling back to Torch Norm"
     te = "Transformer Engine and Apex are not installed. Falling back to Torch optimizers."
     with warnings.catch_warnings(record=True) as seen:
@@ -41,7 +41,7 @@ def test_only_those_messages_from_megatron_core_are_filtered():
 
 
 def test_fallback_note_is_one_line_without_either():
-    from megatron.training.fallback_warnings import fallback_note
+    from megatron.training.runtime.fallback_warnings import fallback_note
     import importlib.util
     absent = all(importlib.util.find_spec(m) is None for m in ("transformer_engine", "apex"))
     note = fallback_note()

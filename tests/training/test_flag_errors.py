@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from megatron.training.arguments import ConfigError, parse_args
+from megatron.training.flags.arguments import ConfigError, parse_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # the Makefile's `demo` flags (world 8: tp 2 x pp 2 x dp 2), one iteration
@@ -81,7 +81,7 @@ def test_refusal_needs_no_megatron_core():
     imported, instead of after megatron-core's import (seconds per rank, more when the ranks
     of a node start together)."""
     code = ("import sys\n"
-            "from megatron.training.arguments import ConfigError, parse_args\n"
+            "from megatron.training.flags.arguments import ConfigError, parse_args\n"
             "try:\n"
             f"    parse_args({DEMO + ['--forward-bits', '0']!r}, world_size=8)\n"
             "except ConfigError as e:\n"

@@ -26,7 +26,7 @@ SHAPE = (8, 2, 32)   # (S, B, H)
 def _mlp(config, m):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.mlp import MLP
-    from megatron.training.compat import mlp_submodules
+    from megatron.training.runtime.compat import mlp_submodules
     sub = mlp_submodules(get_gpt_layer_local_spec())
     mlp = MLP(config, sub, ffn_hidden_size=m.ffn_hidden_size)
     g = torch.Generator().manual_seed(0)
@@ -39,8 +39,8 @@ def _mlp(config, m):
 def _outputs(rank, world):
     from megatron.core import parallel_state as ps
     from megatron.core.transformer import TransformerConfig
-    from megatron.training.architecture import config_kwargs
-    from megatron.training.arguments import parse_args
+    from megatron.training.model.architecture import config_kwargs
+    from megatron.training.flags.arguments import parse_args
     ps.initialize_model_parallel(1, 1)
     torch.compiler.set_stance("force_eager")   # megatron-core's jit_fuser is torch.compile
     x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1)) * 2

@@ -6,8 +6,8 @@ import types
 import pytest
 import torch
 
-from megatron.training import checkpointing
-from megatron.training.arguments import ConfigError, parse_args
+from megatron.training.checkpointing import save_load as checkpointing
+from megatron.training.flags.arguments import ConfigError, parse_args
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -33,7 +33,7 @@ def test_distributed_optimizer_on_gloo_refused_on_gpus(monkeypatch):
     H200 segfault): refused at dp > 1 on GPUs; dp 1 and the CPU keep it."""
     flags = ["--use-distributed-optimizer", "--distributed-backend", "gloo"]
     parse_args(flags, world_size=2)   # CPU
-    monkeypatch.setattr("megatron.training.topology.cuda_available", lambda: True)
+    monkeypatch.setattr("megatron.training.runtime.topology.cuda_available", lambda: True)
     parse_args(flags, world_size=1)
     with pytest.raises(ConfigError, match=r"\-\-distributed\-backend gloo on GPUs"):
         parse_args(flags, world_size=2)
@@ -83,7 +83,7 @@ def test_mixed_precision_state_round_trips_by_name(monkeypatch):
 
 
 def test_loss_scale_only_with_a_scaler():
-    from megatron.training.mixed_precision import loss_scale_field, loss_scaler
+    from megatron.training.model.mixed_precision import loss_scale_field, loss_scaler
     assert loss_scale_field(types.SimpleNamespace(grad_scaler=None)) == ""
     assert loss_scaler(types.SimpleNamespace(grad_scaler=None)) is None
     scaler = types.SimpleNamespace(scale=torch.tensor(65536.0))
@@ -96,7 +96,7 @@ def _dp_on_own_group(rank, world, corpus):
     """(1,1,2) twice: megatron DDP's own all-reduce, then the dp channel on a group of its own
     (what --dp-backend builds when it differs from the default backend; on CPU both are gloo,
     so the difference is forced)."""
-    from megatron.training import transports
+    from megatron.training.runtime import transports
     from tests.conftest import tiny_gpt_argv
     from tests.training import runner
     argv = tiny_gpt_argv(corpus, **{"train-iters": 3})

@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from megatron.training import cpu_shim
+from megatron.training.runtime import cpu_shim
 
 
 def _grads(seed, n=30):

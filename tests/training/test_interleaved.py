@@ -27,7 +27,7 @@ def _reference(rank, world, corpus):
 
 
 def _chunk_layers(trainer):
-    from megatron.training.model import chunks_of
+    from megatron.training.model.model import chunks_of
     return [[layer.layer_number - 1 for layer in c.decoder.layers]
             for c in chunks_of(trainer.model)]
 
@@ -127,15 +127,15 @@ def _check_tools_read_interleaved(ckpt, tmp_path, shard0):
       "pp-mode": "gpipe"}, "--pp-mode gpipe with --virtual-pipeline-model-parallel-size 2"),
 ])
 def test_interleaving_refusals_name_the_flag(tiny_corpus, flags, message):
-    from megatron.training.arguments import parse_args
-    from megatron.training.config_flags import ConfigError
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.config.config_flags import ConfigError
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=flags.get(
             "pipeline-model-parallel-size", 1))
 
 
 def test_both_spellings_resolve_to_one_field(tiny_corpus):
-    from megatron.training.arguments import parse_args
+    from megatron.training.flags.arguments import parse_args
     a = parse_args(tiny_gpt_argv(tiny_corpus, **{"pipeline-model-parallel-size": 2,
                                                   "num-layers-per-virtual-pipeline-stage": 1}),
                    world_size=2)

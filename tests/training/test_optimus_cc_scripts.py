@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from megatron.training.arguments import parse_args
-from megatron.training.batch_rampup import BatchRampup
+from megatron.training.flags.arguments import parse_args
+from megatron.training.schedules.batch_rampup import BatchRampup
 from tests.distributed import free_port
 from tests.training.optimus_cc_scripts import ALL_SCRIPTS, fill, override
 
@@ -85,8 +85,8 @@ def test_rampup_trains_with_growing_batches(tiny_corpus, tmp_path):
 
 
 def _ramp_job(rank, world, argv):
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.training import Trainer
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.loop.training import Trainer
     from megatron.core import parallel_state as ps
     args = parse_args(argv, world_size=world)
     initialize_distributed(args)

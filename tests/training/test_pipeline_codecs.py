@@ -112,8 +112,8 @@ def test_fp16_cache_trains_like_fp32(job):
      "delta-lowbits stores its cache at --forward-bits-act bits"),
 ])
 def test_cache_dtype_misuse_is_refused(tiny_corpus, flags, needle):
-    from megatron.training.arguments import parse_args
-    from megatron.training.config_flags import ConfigError
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.config.config_flags import ConfigError
     with pytest.raises(ConfigError) as e:
         parse_args(_argv(tiny_corpus, **flags), world_size=2)
     assert needle in str(e.value)

@@ -47,7 +47,8 @@ def _tracker_dropout():
 def _unit(rank, world):
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
-    from megatron.training import checkpointing, cpu_shim
+    from megatron.training.checkpointing import save_load as checkpointing
+    from megatron.training.runtime import cpu_shim
     cpu_shim.apply()
     ps.initialize_model_parallel(1, 1)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
@@ -99,8 +100,8 @@ def test_gpu_checkpoint_rng_loads_on_cpu(unit, tagged):
 
 def _resume(rank, world, corpus, ckpt):
     """Train 2 iterations and save on the CPU; make the rank file a GPU run's; resume."""
-    from megatron.training.checkpoint_io import safe_load, write_file
-    from megatron.training.checkpointing import rank_file
+    from megatron.training.checkpointing.checkpoint_io import safe_load, write_file
+    from megatron.training.checkpointing.save_load import rank_file
     common = {"train-iters": 4, "hidden-dropout": 0.1, "attention-dropout": 0.1}
     runner.train(tiny_gpt_argv(corpus, **common, save=ckpt, **{"exit-interval": 2}), world)
     path = rank_file(ckpt, 2, 0)

@@ -22,8 +22,8 @@ import os
 import pytest
 import torch
 
-from megatron.training.arguments import parse_args
-from megatron.training.config_flags import ConfigError
+from megatron.training.flags.arguments import parse_args
+from megatron.training.config.config_flags import ConfigError
 from tests.conftest import tiny_gpt_argv
 from tests.distributed import run_distributed
 from tests.training import runner
@@ -240,7 +240,7 @@ def test_emb_grad_comp_under_a_parameter_syncing_dp_mode(runs):
 
 
 def test_start_up_notes(tiny_corpus):
-    from megatron.training.seed_flags import seed_notes
+    from megatron.training.flags.seed_flags import seed_notes
     args = parse_args(tiny_gpt_argv(tiny_corpus, **PP2, **RUNS["speed"]), world_size=4)
     notes = " ".join(seed_notes(args))
     assert "RandomizedSVD" in notes and "2 all-reduces" in notes
@@ -269,7 +269,7 @@ def test_resume_is_bit_exact(runs, name):
 
 def test_checkpoint_records_comp_seed(runs):
     path = glob.glob(os.path.join(runs[1], "rsvd", "iter_0000004", "*", "model_optim_rng.pt"))[0]
-    from megatron.training.checkpoint_args import args_dict
+    from megatron.training.checkpointing.checkpoint_args import args_dict
     saved = args_dict(torch.load(path, weights_only=False)["args"])
     assert saved["compression"]["comp_seed"] == 11
     ranks = glob.glob(os.path.join(runs[1], "rsvd", "iter_0000004", "rank_state", "*.pt"))

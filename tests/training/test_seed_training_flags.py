@@ -61,8 +61,8 @@ def test_same_losses_as_reference(runs, name):
     (["--recompute-activations"], ("selective", None, None, False)),
 ])
 def test_recompute_flags_reach_megatron_core(tiny_corpus, flags, expected):
-    from megatron.training.arguments import parse_args
-    from megatron.training.model import transformer_config
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.model.model import transformer_config
     args = parse_args(tiny_gpt_argv(tiny_corpus) + flags, world_size=2)
     c = transformer_config(args)
     assert (c.recompute_granularity, c.recompute_method, c.recompute_num_layers,
@@ -85,8 +85,8 @@ def test_recompute_flags_reach_megatron_core(tiny_corpus, flags, expected):
      "multiples of --micro-batch-size x data-parallel size (2)"),
 ])
 def test_seed_flag_contradictions_are_refused(tiny_corpus, flags, fragment):
-    from megatron.training.arguments import parse_args
-    from megatron.training.config_flags import ConfigError
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.config.config_flags import ConfigError
     argv = tiny_gpt_argv(tiny_corpus, **{"micro-batch-size": 1})
     if flags[:2] == ["--train-iters", None]:
         i = argv.index("--train-iters")

@@ -178,7 +178,7 @@ def test_pipeline_carries_the_shard(runs):
 @pytest.mark.parametrize("name", list(CODECS))
 def test_compressed_pp_bytes_are_the_shard_payloads(tiny_corpus, runs, name):
     from megatron.cc.pipeline.registry import pp_codec
-    from megatron.training.arguments import parse_args
+    from megatron.training.flags.arguments import parse_args
     args = parse_args(tiny_gpt_argv(tiny_corpus, **CODECS[name]), world_size=4)
     shard = (S // 2, B, H)
     n = args.training.train_iters * M * 2
@@ -219,8 +219,8 @@ def test_selective_compression_is_unchanged_by_sequence_parallelism(runs):
       "distribute-checkpointed-activations": True}, "--distribute-checkpointed-activations"),
 ])
 def test_combinations_that_cannot_work_are_refused(tiny_corpus, flags, message):
-    from megatron.training.arguments import parse_args
-    from megatron.training.config_flags import ConfigError
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.config.config_flags import ConfigError
     with pytest.raises(ConfigError) as err:
         parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=4)
     assert message in str(err.value) and "--sequence-parallel" in str(err.value)
@@ -228,8 +228,8 @@ def test_combinations_that_cannot_work_are_refused(tiny_corpus, flags, message):
 
 def test_tp1_turns_it_off_with_a_note(tiny_corpus):
     """As Megatron-LM: no tensor-parallel group, no sequence parallelism; said at start-up."""
-    from megatron.training.arguments import parse_args
-    from megatron.training.seed_flags import seed_notes
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.flags.seed_flags import seed_notes
     args = parse_args(tiny_gpt_argv(tiny_corpus, **{"sequence-parallel": True}), world_size=1)
     assert not args.sequence_parallel
     assert any("--sequence-parallel" in n and "off" in n for n in seed_notes(args))
@@ -242,8 +242,8 @@ def test_planner_predicts_the_logged_bytes(tiny_corpus, runs, name):
     channel, warm-up iterations included."""
     from megatron.cc.plan.channel_bytes import channel_bytes
     from megatron.cc.plan.shapes import ModelShape
-    from megatron.training.arguments import parse_args
-    from megatron.training.auto_compression import layout_of
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.compression.auto_compression import layout_of
     flags = {"sp_dp2": TP2, "llama": {**TP2, **LLAMA}}.get(name) or CODECS[name]
     args = parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=4)
     shape, layout = ModelShape.from_args(args.model, 1024), layout_of(args)

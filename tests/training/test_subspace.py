@@ -1,4 +1,4 @@
-"""Subspace Networks (megatron/training/subspace.py): the constrained model and its wire.
+"""Subspace Networks (megatron/training/model/subspace.py): the constrained model and its wire.
 
 - the backward message is exact: one iteration's gradients at pp 2 with k coefficients on the
   wire (--subspace-bits 0) equal the same constrained model's at pp 1, every parameter, within
@@ -30,7 +30,7 @@ def _grads_after(trainer):
     """{global name: [main_grad of every copy, numpy]} over the whole job (tp 1; numpy: a
     tensor's shared memory would not outlive the rank that returns it)."""
     import torch.distributed as dist
-    from megatron.training.model import global_param_names, unwrap
+    from megatron.training.model.model import global_param_names, unwrap
     mine = [(g, p.main_grad.detach().cpu().numpy().copy()) for _, g, p in
             global_param_names(unwrap(trainer.model))]
     every = [None] * dist.get_world_size()
@@ -126,8 +126,8 @@ def test_resume_is_bit_exact(tiny_corpus, tmp_path):
 
 
 def _bytes_worker(rank, world, corpus, extra):
-    from megatron.training.arguments import parse_args
-    from megatron.training import subspace
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.model import subspace
     argv = tiny_gpt_argv(corpus, **{"tensor-model-parallel-size": 2,
                                     "pipeline-model-parallel-size": 2, "train-iters": 2,
                                     "micro-batch-size": 2, **extra})
@@ -153,7 +153,7 @@ def test_logged_bytes_match_formula(tiny_corpus, bits):
 
 
 def _emb_worker(rank, world, corpus):
-    from megatron.training.arguments import parse_args
+    from megatron.training.flags.arguments import parse_args
     argv = tiny_gpt_argv(corpus, **{"pipeline-model-parallel-size": 2, "train-iters": 1,
                                     "global-batch-size": 4, **WIRE, **UNTIED})
     a = parse_args(argv, world_size=world)
@@ -192,8 +192,8 @@ def test_untied_word_table_sums_only_looked_up_rows(tiny_corpus):
     ({"forward-compress-method": "subspace", "subspace-write-scale": 0.0}, "must be > 0"),
 ])
 def test_refusals_name_the_flag(tiny_corpus, flags, match):
-    from megatron.training.arguments import parse_args
-    from megatron.training.config_flags import ConfigError
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.config.config_flags import ConfigError
     flags = {"pipeline-model-parallel-size": 2, "hidden-dropout": 0.0, **flags}
     with pytest.raises(ConfigError, match=match):
         parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=4)
@@ -213,8 +213,8 @@ def test_overlap_p2p_gives_the_same_losses(tiny_corpus):
 
 def test_defaults_meet_100x_both_ways_at_the_demo_shape(tiny_corpus):
     """make demo's shape (hidden 128, seq 128, micro-batch 4, tp 2 x pp 2 x dp 2)."""
-    from megatron.training import subspace
-    from megatron.training.arguments import parse_args
+    from megatron.training.model import subspace
+    from megatron.training.flags.arguments import parse_args
     argv = tiny_gpt_argv(tiny_corpus, **{
         "num-layers": 4, "hidden-size": 128, "seq-length": 128, "micro-batch-size": 4,
         "global-batch-size": 32, "tensor-model-parallel-size": 2,
@@ -242,8 +242,8 @@ def test_write_scale_default_and_every_write_scaled(tiny_corpus):
     """a = sqrt(k / H) unless given; the hook returns a U U^T out and a U U^T bias."""
     import math
     import types
-    from megatron.training import subspace
-    from megatron.training.arguments import parse_args
+    from megatron.training.model import subspace
+    from megatron.training.flags.arguments import parse_args
     argv = tiny_gpt_argv(tiny_corpus, **{"pipeline-model-parallel-size": 2, **WIRE})
     args = parse_args(argv, world_size=2)
     assert subspace.write_scale(args) == pytest.approx(math.sqrt(K / args.model.hidden_size))
@@ -262,7 +262,7 @@ def test_write_scale_default_and_every_write_scaled(tiny_corpus):
 
 
 def test_checkpoint_without_write_scale_loads_with_scale_one():
-    from megatron.training.subspace import fill_old_state
+    from megatron.training.model.subspace import fill_old_state
     expected = {"subspace_basis": 0, "subspace_write_scale": 0, "output_layer.weight": 0}
     old = {"subspace_basis": torch.zeros(3, 1), "output_layer.weight": torch.zeros(1)}
     fill_old_state(old, expected)

@@ -4,9 +4,9 @@ import shutil
 
 import pytest
 
-from megatron.training.arguments import parse_args
-from megatron.training.config_flags import ConfigError
-from megatron.training.tasks import parse_task_name, resolve_task_name
+from megatron.training.flags.arguments import parse_args
+from megatron.training.config.config_flags import ConfigError
+from megatron.training.data.tasks import parse_task_name, resolve_task_name
 from tests.conftest import tiny_gpt_argv
 
 
@@ -27,7 +27,7 @@ def test_parse_weights_and_errors(tiny_corpus, tmp_path):
 
 def test_jsonl_is_tokenised_on_the_fly(tiny_corpus, tmp_path):
     from megatron.core.datasets.indexed_dataset import IndexedDataset
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.tokenizer import build_tokenizer
     tok = build_tokenizer("GPT2BPETokenizer", tiny_corpus["vocab"], tiny_corpus["merges"], None)
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     shutil.copy(tiny_corpus["jsonl"], a)

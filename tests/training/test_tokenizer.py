@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from megatron.training.tokenizer import (
+from megatron.training.data.tokenizer import (
     GPT2_EOD,
     TokenizerSpec,
     build_tokenizer,

@@ -26,7 +26,7 @@ def _check(world, tp, pp):
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from megatron.training.topology import Topology
+    from megatron.training.runtime.topology import Topology
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     try:
         t = Topology.from_parallel_state()
@@ -72,7 +72,7 @@ def test_driver_reads_parallel_state_and_cuda_only_where_allowed():
     found = [f"{p.relative_to(ROOT)}:{line}: {what}"
              for p in sorted((ROOT / "megatron" / "training").rglob("*.py"))
              for line, what in _reads(p) if p.name not in ALLOWED[what]]
-    assert not found, "ask the Topology (megatron/training/topology.py) instead:\n" + \
+    assert not found, "ask the Topology (megatron/training/runtime/topology.py) instead:\n" + \
         "\n".join(found)
 
 

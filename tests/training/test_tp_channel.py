@@ -80,8 +80,8 @@ def test_planner_predicts_the_logged_tp_bytes(tiny_corpus, runs, name):
     """plan_compression.py's byte formulas (channel_bytes), warm-up iteration included."""
     from megatron.cc.plan.channel_bytes import channel_bytes
     from megatron.cc.plan.shapes import ModelShape
-    from megatron.training.arguments import parse_args
-    from megatron.training.auto_compression import layout_of
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.compression.auto_compression import layout_of
     args = parse_args(tiny_gpt_argv(tiny_corpus, **TP2, **(COMP if name == "compressed" else {})),
                       world_size=2)
     shape, layout = ModelShape.from_args(args.model, 1024), layout_of(args)
@@ -103,8 +103,8 @@ def test_resume_with_tp_compression_is_bit_exact(runs):
      "[0, 1)"),
 ])
 def test_bad_tp_compression_flags_are_refused(tiny_corpus, flags, message):
-    from megatron.training.arguments import parse_args
-    from megatron.training.config_flags import ConfigError
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.config.config_flags import ConfigError
     with pytest.raises(ConfigError) as err:
         parse_args(tiny_gpt_argv(tiny_corpus, **flags), world_size=2)
     assert message in str(err.value)

@@ -13,7 +13,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from megatron.training import topology, training
+from megatron.training.runtime import topology
+from megatron.training.loop import training
 
 NCCL_GROUP, GLOO_GROUP = object(), object()
 

@@ -31,7 +31,7 @@ def build_tokenizer_from(cli, ckpt_args: Optional[dict], required: bool):
     Returns None when neither is available and `required` is False; the checkpoint's own
     files are used only if they still exist at the recorded paths.
     """
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.tokenizer import build_tokenizer
     if _flags_given(cli):
         ttype = cli.tokenizer_type or ("HuggingFaceTokenizer" if cli.tokenizer_model
                                        else "GPT2BPETokenizer")

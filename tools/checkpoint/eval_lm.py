@@ -273,7 +273,7 @@ def main(argv=None) -> int:
                            dtype=a.dtype, seed=a.seed, loaded=(manager, objs))
         print(format_tables(results))
         if a.output_path:
-            from megatron.training.checkpointing import atomic_write_text
+            from megatron.training.checkpointing.save_load import atomic_write_text
             atomic_write_text(a.output_path, json.dumps(
                 {k: results[k] for k in ("results", "groups", "versions", "n-shot", "config")
                  if k in results}, indent=2, default=str))

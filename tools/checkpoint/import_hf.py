@@ -99,7 +99,7 @@ def _argv(fields: dict) -> list:
 def _args_dict(config, tp: int, pp: int, divisible_by: int, seq_length: Optional[int],
                tokenizer: dict) -> dict:
     """Our training Args (as saved in checkpoints) for this model, validated by the driver."""
-    from megatron.training.arguments import parse_args
+    from megatron.training.flags.arguments import parse_args
     fields = dict(for_config(config).model_flags(config))
     fields.update({"seq_length": seq_length or fields["max_position_embeddings"],
                    "make_vocab_size_divisible_by": divisible_by,
@@ -128,7 +128,7 @@ def full_from_hf(hf_dir_or_model, tp: int = 1, pp: int = 1, make_vocab_size_divi
     args = _args_dict(config, tp, pp, make_vocab_size_divisible_by, seq_length, tok)
     vocab = config.vocab_size
     if tok:
-        from megatron.training.tokenizer import build_tokenizer
+        from megatron.training.data.tokenizer import build_tokenizer
         n = build_tokenizer(tok["tokenizer_type"], tok.get("vocab_file"), tok.get("merge_file"),
                             tok.get("tokenizer_model")).vocab_size
         if n > vocab:
@@ -179,7 +179,7 @@ import_hf_gpt2 = import_hf  # the name from when GPT-2 was the only family
 def model_flags(args: dict) -> str:
     """The pretrain_gpt.py model flags matching an imported checkpoint (defaults omitted)."""
     import dataclasses
-    from megatron.training.arguments import ModelArgs
+    from megatron.training.flags.arguments import ModelArgs
     m = args["model"]
     always = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
               "max_position_embeddings", "seq_length", "layernorm_epsilon",

@@ -7,12 +7,12 @@
 
 Shard directories are read under Megatron-LM's names (mp_rank_XX at pp 1) and our older
 ones (mp_rank_XX_000), and written under Megatron-LM's; files Megatron-LM wrote are read too
-(megatron/training/checkpoint_compat.py).
+(megatron/training/checkpointing/checkpoint_compat.py).
 
 `split(merge(c), tp, pp)` at c's own layout gives back c's tensors exactly, and a chain of
 re-splits is exact: tensors are only concatenated and sliced, never recomputed.
 
-Global names are megatron/training/model.py's: layer indices count over the whole network and
+Global names are megatron/training/model/model.py's: layer indices count over the whole network and
 a tied output weight is named after the embedding it duplicates. Sharding is megatron-core's
 (contiguous along the partition dim):
     dim 0   linear_qkv.{weight,bias}, linear_fc1.{weight,bias}, word_embeddings, output_layer
@@ -41,14 +41,14 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from megatron.cc.plan.shapes import padded_vocab_size
-from megatron.training.checkpoint_args import file_state
-from megatron.training.checkpoint_compat import (
+from megatron.training.checkpointing.checkpoint_args import file_state
+from megatron.training.checkpointing.checkpoint_compat import (
     normalize_shard, parse_shard_dir, shard_dir_name, to_local_names)
-from megatron.training.checkpoint_io import (
+from megatron.training.checkpointing.checkpoint_io import (
     CheckpointLoadError, safe_load, verify_file, write_file)
-from megatron.training.checkpointing import (
+from megatron.training.checkpointing.save_load import (
     CHECKPOINT_VERSION, LATEST, atomic_write_text, iter_dir, read_latest)
-from megatron.training.model import is_glu_fc1
+from megatron.training.model.model import is_glu_fc1
 from tools.checkpoint.errors import CheckpointError  # noqa: F401  (re-exported)
 
 MODEL_FILE = "model_optim_rng.pt"
@@ -59,7 +59,7 @@ OUTPUT_BIAS = "output_layer.bias"
 _EXTRA_STATE_LINEARS = ("self_attention.linear_proj", "self_attention.linear_qkv",
                         "mlp.linear_fc1", "mlp.linear_fc2")
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
-# Subspace Networks (megatron/training/subspace.py): U on every stage, and with coefficients on
+# Subspace Networks (megatron/training/model/subspace.py): U on every stage, and with coefficients on
 # the wire a copy of the embedding on every stage past the first
 SUBSPACE_BASIS = "subspace_basis"
 SUBSPACE_SCALE = "subspace_write_scale"   # a of W_eff = a U U^T W (absent in older ones: 1)

@@ -47,9 +47,9 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from megatron.training.checkpoint_args import OURS, args_namespace
-from megatron.training.checkpointing import iter_dir
-from megatron.training.checkpoint_io import write_file
+from megatron.training.checkpointing.checkpoint_args import OURS, args_namespace
+from megatron.training.checkpointing.save_load import iter_dir
+from megatron.training.checkpointing.checkpoint_io import write_file
 from tools.checkpoint.errors import ConversionError
 from tools.checkpoint.gpt2_mapping import POS_EMB, WORD_EMB, hf_config, unsupported_features
 from tools.checkpoint.layout import MODEL_FILE, FullCheckpoint, publish_iteration

@@ -12,7 +12,7 @@
     python tools/checkpoint/export_hf.py --load ckpts/run1 --output hf/run1
 
 Import. The constrained model uses U U^T W for every attention / MLP output projection
-(megatron/training/subspace.py). For a pretrained model U is chosen from its weights: the top-k
+(megatron/training/model/subspace.py). For a pretrained model U is chosen from its weights: the top-k
 left singular vectors of all output projections side by side, [W_proj^1 b_proj^1 W_fc2^1
 b_fc2^1 ... W_fc2^L b_fc2^L] (H x sum of their input widths + 2L): the k-dim subspace that keeps
 the most of their squared Frobenius norm together (Eckart-Young for the stacked matrix). The

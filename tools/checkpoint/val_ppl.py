@@ -59,11 +59,11 @@ def _build(cls, values: dict):
 def eval_args(full: FullCheckpoint, **overrides):
     """The saved training Args at tp = pp = 1 in one process, with `overrides` (flag names)."""
     from megatron.cc.config import CompressionConfig
-    from megatron.training import arguments as A
+    from megatron.training.flags import arguments as A
     d = full.args
     groups = {name: _build(cls, dict(d.get(name, {}))) for name, cls, _ in A.GROUPS}
     # Uncompressed: nothing crosses a process boundary in one process anyway. But a subspace
-    # model (megatron/training/subspace.py) is another model: keep its rank.
+    # model (megatron/training/model/subspace.py) is another model: keep its rank.
     rank = (d.get("compression") or {}).get("subspace_rank")
     if rank is None and (d.get("compression") or {}).get("forward_compress_method") == "subspace":
         from megatron.cc.pipeline.subspace import DEFAULT_RANK
@@ -96,9 +96,9 @@ def validation_loss(load: str, iteration=None, **overrides) -> float:
     """Mean validation lm loss of the checkpoint (see the module docstring)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.model import unwrap
-    from megatron.training.training import Trainer
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.model.model import unwrap
+    from megatron.training.loop.training import Trainer
 
     full = merge(read_checkpoint(load, iteration))
     args = eval_args(full, **overrides)

@@ -2,7 +2,7 @@
 
 Base documents are either generated English prose (--base synthetic, default, instant)
 or the project's embedded corpus (--base embedded: real docstrings and documentation of
-this Python install, see megatron/training/corpus.py). On top of them are planted:
+this Python install, see megatron/training/data/corpus.py). On top of them are planted:
 near-duplicates (a few words edited), repeated URLs, blacklisted and malformed URLs,
 German/French/Spanish pages, short pages, mojibake, passages of two local "task" files
 (lambada- and squad-shaped) pasted into training documents, one document pasted with
@@ -38,7 +38,7 @@ MALFORMED_LINES = ['{"text": "unterminated', "[1, 2, 3]", '{"url": "https://no-t
 
 def embedded_texts(min_chars: int = 1500) -> list[str]:
     """Longer prose documents of the embedded corpus (built and cached on first use)."""
-    from megatron.training.corpus import default_assets
+    from megatron.training.data.corpus import default_assets
     assets = default_assets()
     with open(assets.jsonl, encoding="utf-8") as f:
         texts = [json.loads(line)["text"] for line in f]

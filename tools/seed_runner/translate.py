@@ -15,7 +15,7 @@ FORWARD_METHODS = {"tha": "tah"}   # TAH-Quant README's spelling
 
 @functools.lru_cache(maxsize=1)
 def _trainer_actions() -> dict:
-    from megatron.training.arguments import build_parser
+    from megatron.training.flags.arguments import build_parser
     return dict(build_parser()._option_string_actions)
 
 

@@ -1,6 +1,6 @@
 """Subspace coefficients on the pipeline wire (Subspace Networks, arXiv 2506.01260).
 
-With the subspace-constrained model (megatron/training/subspace.py) a stage boundary carries
+With the subspace-constrained model (megatron/training/model/subspace.py) a stage boundary carries
 c = U^T (x - x0), k values per token instead of the hidden size H, in both directions: the
 activations' coefficients forward and their gradient U^T g backward. The model makes those
 (S, B, k) tensors itself; this codec only puts them on the wire:

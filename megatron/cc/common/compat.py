@@ -1,5 +1,5 @@
 """The one place that bridges API differences between the torch releases we support, so callers
-use one name whatever is installed (megatron-core's: megatron/training/compat.py, since
+use one name whatever is installed (megatron-core's: megatron/training/runtime/compat.py, since
 megatron/cc never imports megatron-core)."""
 import torch.distributed as dist
 

@@ -1,6 +1,6 @@
 """What the config dataclasses are built from: fields carrying their flag's help text, and
 the error a bad value raises. The driver turns the fields into flags
-(megatron.training.config_flags); the library only declares them.
+(megatron.training.config.config_flags); the library only declares them.
 """
 import dataclasses
 

@@ -1,6 +1,6 @@
 """Gradients of an embedding replicated on every pipeline stage (Subspace Networks' x0).
 
-The subspace-constrained model (megatron/training/subspace.py) rebuilds the embedding part x0
+The subspace-constrained model (megatron/training/model/subspace.py) rebuilds the embedding part x0
 of the residual stream on every stage, so every stage holds a copy of the embedding tables and
 each copy's gradient is that stage's share of the one true gradient. Around the ordinary emb
 channel: before it, the last stage adds its copy's gradient of the tied word table into the

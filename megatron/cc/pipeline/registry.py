@@ -34,7 +34,7 @@ class PpChannel:   # the flags both pipeline channels share
                 "change against a per-sample activation cache kept on both ends), tah "
                 "(TAH-Quant), subspace (Subspace Networks: the subspace-constrained model "
                 "sends --subspace-rank coefficients per token both ways; see "
-                "megatron/training/subspace.py). Validation passes always send uncompressed.",
+                "megatron/training/model/subspace.py). Validation passes always send uncompressed.",
         choices=[*FWD])
     backward_compress_method: str = flag(
         "none", "Codec of the activation gradients sent back: fixpoint (b-bit, no error "

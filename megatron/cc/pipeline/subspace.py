@@ -1,6 +1,6 @@
 """--forward-compress-method subspace: Subspace Networks' coefficients, both directions.
 
-The model is constrained by the driver (megatron/training/subspace.py: output projections into
+The model is constrained by the driver (megatron/training/model/subspace.py: output projections into
 a shared k-dim subspace, x0 rebuilt on every stage); this plug-in owns the flags and puts the
 (.., k) messages on the wire (codecs/subspace.py). It is registered for both channels and
 chosen for pp-bwd at parse time (`fold`): the gradient's k coefficients are its partner.
@@ -23,7 +23,7 @@ DEFAULT_BITS = 4
 
 def default_write_scale(k: int, hidden: int) -> float:
     """sqrt(k / H): each subspace direction gets the size an unconstrained write gives each of
-    its own (megatron/training/subspace.py's docstring); also the import tool's default."""
+    its own (megatron/training/model/subspace.py's docstring); also the import tool's default."""
     return math.sqrt(k / hidden)
 
 
@@ -80,7 +80,7 @@ class Subspace(PpMethod):
 
     @staticmethod
     def write_scale(c, hidden: int) -> float:
-        """a of a fresh constrained model (module docstring of megatron/training/subspace.py)."""
+        """a of a fresh constrained model (module docstring of megatron/training/model/subspace.py)."""
         if c.subspace_write_scale is not None:
             return c.subspace_write_scale
         return default_write_scale(Subspace.rank(c), hidden)

@@ -117,7 +117,7 @@ def tp_bytes(m, layout, c, iteration) -> Optional[Dict[str, float]]:
 
 
 def _tp_bytes_sequence_parallel(m, layout, c, raw: int, compressed_fwd) -> Dict[str, float]:
-    """tp_bytes with --sequence-parallel (megatron/training/tp_channel.py's table; an
+    """tp_bytes with --sequence-parallel (megatron/training/compression/tp_channel.py's table; an
     all-gather or reduce-scatter of an (S, B, H) tensor counts raw / 2, tp_reduce's unit), per
     micro-batch: each row-parallel layer a reduce-scatter (or --mp-acti-comp's P and Q) and
     its gradient's all-gather; each column-parallel layer (2 per layer and the output layer)

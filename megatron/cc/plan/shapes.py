@@ -1,9 +1,9 @@
 """What the cost model knows about a model and its parallel layout.
 
-`ModelShape` mirrors the driver's model flags (megatron/training/arguments.py ModelArgs: the
+`ModelShape` mirrors the driver's model flags (megatron/training/flags/arguments.py ModelArgs: the
 same field names, so `from_args` copies them) and `stage_params` lists the parameters
 megatron-core's GPTModel builds on one pipeline stage of one tensor-parallel rank, with the
-local layer spec and the architecture flags of megatron/training/architecture.py. Shapes are
+local layer spec and the architecture flags of megatron/training/model/architecture.py. Shapes are
 local (after the tensor-parallel split); the dp and emb channels' bytes follow from them.
 """
 import math

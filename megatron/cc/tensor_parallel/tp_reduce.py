@@ -3,7 +3,7 @@ layers all-reduce, counted, and compressed on request (Optimus-CC's --mp_acti_co
 --mp_grad_comp).
 
 A site is one all-reduce of one layer in one direction (the driver attaches them to the model,
-megatron/training/tp_channel.py): `forward_sum` for a row-parallel layer's partial outputs,
+megatron/training/compression/tp_channel.py): `forward_sum` for a row-parallel layer's partial outputs,
 `backward_sum` for a column-parallel layer's shares of its input gradient, `count` for the
 all-reduces megatron-core makes itself (vocab-parallel embedding and cross entropy: bytes only).
 

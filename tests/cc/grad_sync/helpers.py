@@ -5,9 +5,9 @@ import torch
 
 
 def make_trainer(corpus, world, tp=1, pp=1, **flags):
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.training import Trainer
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.loop.training import Trainer
     from tests.conftest import tiny_gpt_argv
 
     argv = tiny_gpt_argv(corpus, **{"tensor-model-parallel-size": tp,

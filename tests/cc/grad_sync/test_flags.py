@@ -2,7 +2,7 @@
 import pytest
 
 from megatron.cc.config import CompressionConfig
-from megatron.training.config_flags import ConfigError, add_dataclass_flags, from_namespace
+from megatron.training.config.config_flags import ConfigError, add_dataclass_flags, from_namespace
 
 
 def parse(argv):

@@ -18,7 +18,7 @@ SC_FLAGS = {"grad-comp": True, "grad-comp-rank": 2, "selective-grad-comp": True}
 
 
 def _grads_after(args, model, stats_cls, local_buf, h, topo):
-    from megatron.training.channels import build_grad_sync
+    from megatron.training.compression.channels import build_grad_sync
     h.restore_buffers(model, local_buf)
     stats = stats_cls()
     sync = build_grad_sync(args, model, stats, topo)

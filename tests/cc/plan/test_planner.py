@@ -6,7 +6,7 @@ import pytest
 from megatron.cc.plan.links import cluster_from_dict
 from megatron.cc.plan.planner import plan
 from megatron.cc.plan.shapes import ModelShape
-from megatron.training.arguments import parse_args
+from megatron.training.flags.arguments import parse_args
 
 SHAPE = ModelShape(num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=1024,
                    seq_length=32)

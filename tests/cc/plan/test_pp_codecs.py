@@ -9,7 +9,7 @@ from megatron.cc.plan.channel_bytes import channel_bytes
 from megatron.cc.plan.shapes import Layout, ModelShape
 from megatron.cc.pipeline.registry import LinkEnd, pp_codec
 from megatron.cc.common.stats import nbytes
-from megatron.training.arguments import parse_args
+from megatron.training.flags.arguments import parse_args
 
 S, B, H = 16, 2, 64
 BASE = ["--num-layers", "4", "--hidden-size", str(H), "--num-attention-heads", "4",
@@ -55,7 +55,7 @@ def _encoded_bytes(codec, seed=0):
 
 @pytest.mark.parametrize("name", sorted(FWD))
 def test_forward_bytes_equal_the_encoded_payload(name):
-    from megatron.training.pipeline_codecs import forward_codec
+    from megatron.training.compression.pipeline_codecs import forward_codec
     args, shape, layout = _setup(FWD[name])
     codec = forward_codec(args, capacity=B, seed=1, ram_limit=None)   # the driver's codec
     t = channel_bytes(shape, layout, args.compression)["pp-fwd"]
@@ -100,7 +100,7 @@ def test_tp_and_dp_multiply_the_messages():
     """Without scatter-gather every tp rank sends the whole message (tp x dp = 6 copies);
     with it (the default) each tp rank sends its (S/tp, B, H) slice: raw is one message per
     replica, and the payload is the codec's on the slice (fixpoint: H scales per slice)."""
-    from megatron.training.pipeline_codecs import forward_codec
+    from megatron.training.compression.pipeline_codecs import forward_codec
     args, shape, _ = _setup(FWD["fixpoint-4"])
     c = args.compression
     one = channel_bytes(shape, Layout(1, 2, 1, B, 4), c)["pp-fwd"]

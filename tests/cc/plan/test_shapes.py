@@ -46,7 +46,7 @@ def test_stages_and_tp_ranks_sum_to_the_model(shape, tp, pp):
 
 
 def test_from_args_and_bad_layouts():
-    from megatron.training.arguments import parse_args
+    from megatron.training.flags.arguments import parse_args
     args = parse_args(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
                        "--swiglu", "--group-query-attention", "--num-query-groups", "2"],
                       world_size=1)

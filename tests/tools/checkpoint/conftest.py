@@ -35,9 +35,9 @@ def _run(argv, world, evaluate=False):
     """One Trainer: train, optionally evaluate; (losses, validation loss) on the last rank."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.training import Trainer
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.loop.training import Trainer
     args = parse_args(argv, world_size=world)
     initialize_distributed(args)
     trainer = Trainer(args)
@@ -104,7 +104,7 @@ def hf_gpt2(tmp_path_factory):
     """A random GPT2LMHeadModel (every tensor perturbed, tanh GeLU) with its tokenizer, saved."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.tokenizer import build_tokenizer
     root = tmp_path_factory.mktemp("hf_gpt2")
     vocab, merges = write_vocab1000_tokenizer(str(root / "tok"))
     tok = build_tokenizer("GPT2BPETokenizer", vocab, merges)

@@ -5,8 +5,8 @@ import shutil
 import pytest
 import torch
 
-from megatron.training.checkpoint_args import args_dict
-from megatron.training.checkpoint_io import safe_load, write_file
+from megatron.training.checkpointing.checkpoint_args import args_dict
+from megatron.training.checkpointing.checkpoint_io import safe_load, write_file
 from tools.checkpoint import export_hf, import_hf, reshard, val_ppl
 from tools.checkpoint.errors import CheckpointError
 from tools.checkpoint.gpt2_mapping import unsupported_features

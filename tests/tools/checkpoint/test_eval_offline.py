@@ -25,7 +25,7 @@ def tiny_model(tmp_path_factory):
     """A random GPT-2 (2 layers, 512 positions: the tasks' passages fit) with a tokenizer."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.tokenizer import build_tokenizer
     root = tmp_path_factory.mktemp("eval_offline")
     tok = build_tokenizer("GPT2BPETokenizer", *write_vocab1000_tokenizer(str(root / "tok")))
     torch.manual_seed(0)

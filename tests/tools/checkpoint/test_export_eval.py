@@ -27,8 +27,8 @@ def _tokens():
 def _our_logits(path, tokens):
     """(logits (B, S, padded V), {global name: (our partition dim, megatron-core's)})."""
     from megatron.core import parallel_state as ps
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.model import build_gpt_model, global_param_names, transformer_config
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.model.model import build_gpt_model, global_param_names, transformer_config
     from tools.checkpoint.common import tokenizer_vocab_size
     from tools.checkpoint.layout import merge, partition_dim, read_checkpoint, split
     from tools.checkpoint.val_ppl import eval_args
@@ -122,7 +122,7 @@ def test_exported_model_gives_our_logits(single, exported, name):
 
 def test_exported_directory_is_a_complete_gpt2(exported, tiny_corpus):
     from transformers import AutoTokenizer
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.tokenizer import build_tokenizer
     path = exported["(2,2,1)"]
     files = set(os.listdir(path))
     assert {"config.json", "model.safetensors"} <= files

@@ -107,7 +107,7 @@ def _import(hf_dir, path, tp, pp, tok_flags):
 def zoo(tiny_corpus, tmp_path_factory):
     """Per family: the HF directory, its state dict, imports at every layout, data, flags."""
     from transformers import AutoModelForCausalLM
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.tokenizer import build_tokenizer
     from tools import preprocess_data
     root = tmp_path_factory.mktemp("zoo")
     texts = [json.loads(line)["text"] for line in open(tiny_corpus["jsonl"])]
@@ -157,7 +157,7 @@ def zoo(tiny_corpus, tmp_path_factory):
 def _hf_loss(hf, trainer):
     """HF's loss on iteration 0's global batch: mean over replicas and micro-batches."""
     from megatron.core import parallel_state as ps
-    from megatron.training.data import collate
+    from megatron.training.data.datasets import collate
     losses = []
     with torch.no_grad():
         for r in range(ps.get_data_parallel_world_size()):
@@ -173,8 +173,8 @@ def _hf_loss(hf, trainer):
 
 
 def _logit_error(hf, trainer, vocab):
-    from megatron.training.data import collate
-    from megatron.training.model import unwrap
+    from megatron.training.data.datasets import collate
+    from megatron.training.model.model import unwrap
     b = collate(trainer.train_ds, trainer.batches.sample_ids(0, 0, 0))
     model = unwrap(trainer.model).eval()
     with torch.no_grad():
@@ -200,9 +200,9 @@ def _train(argv, world, hf_dir, vocab, logits=False):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
     from megatron.core import parallel_state as ps
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.training import Trainer
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.loop.training import Trainer
     args = parse_args(argv, world_size=world)
     initialize_distributed(args)
     trainer = Trainer(args)
@@ -229,9 +229,9 @@ _TAH = {"forward-compress-method": "tah", "tile-size": 32, "backward-compress-me
 def _mismatch(z_from, z_flags, world):
     """Load a checkpoint of one family with another family's flags: the error text."""
     from megatron.core import parallel_state as ps
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.training import Trainer
+    from megatron.training.flags.arguments import parse_args
+    from megatron.training.runtime.initialize import initialize_distributed
+    from megatron.training.loop.training import Trainer
     argv = _argv(dict(z_flags, ckpts={(1, 1): z_from["ckpts"][(1, 1)]}), 1, 1)
     args = parse_args(argv, world_size=world)
     initialize_distributed(args)
@@ -347,7 +347,7 @@ def test_hf_tokenizer_directories_through_preprocess_data(zoo, tiny_corpus):
 
 def test_sentencepiece_unigram_directory(tiny_corpus, tmp_path):
     from megatron.core.datasets.indexed_dataset import IndexedDataset
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.tokenizer import build_tokenizer
     from tools import preprocess_data
     texts = [json.loads(line)["text"][:3000] for line in open(tiny_corpus["jsonl"])][:40]
     write_hf_tokenizer(str(tmp_path / "tok"), texts, 400, "unigram")

@@ -63,8 +63,8 @@ def test_import_full_rank_is_exact_lower_rank_is_measured(family, tmp_path):
 
 
 def _logits(trainer, n=2):
-    from megatron.training.data import collate
-    from megatron.training.model import unwrap
+    from megatron.training.data.datasets import collate
+    from megatron.training.model.model import unwrap
     b = collate(trainer.train_ds, trainer.batches.sample_ids(0, 0, 0))
     model = unwrap(trainer.model).eval()
     with torch.no_grad():

@@ -71,7 +71,7 @@ def test_walk_removes_every_planted_problem(walked):
 
 def test_walk_ends_in_an_indexed_dataset_of_the_training_text(walked):
     from megatron.core.datasets.indexed_dataset import IndexedDataset
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.training.data.tokenizer import build_tokenizer
 
     work, _ = walked
     train = read_jsonl(work / "train.json")

@@ -3,9 +3,9 @@
     python tools/checkpoint/eval_tasks/make_data.py     # from the repository root
 
 Held out: the text is the docstrings of this repository's tools/, tests/ and bench/, which no
-training corpus here contains (megatron/training/corpus.py reads only the Python install, and
+training corpus here contains (megatron/training/data/corpus.py reads only the Python install, and
 those directories are never part of the installed package), extracted the way the corpus
-extracts docstrings (megatron.training.corpus.docstring_text), so it is the training text's
+extracts docstrings (megatron.training.data.corpus.docstring_text), so it is the training text's
 kind of prose.
 
   heldout_continuation.jsonl  {"context", "choices", "label", "source"}: a docstring (its
@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from megatron.training.corpus import docstring_text  # noqa: E402
+from megatron.training.data.corpus import docstring_text  # noqa: E402
 
 SOURCES = ("tools", "tests", "bench")
 SEED = 20240601

@@ -2,7 +2,7 @@
 
 A family is a `Family` subclass with a `model_type` (config.json's), the transformers class
 name, and five pure functions over state dicts and configs. Our side is always
-{global name: unsplit tensor} (megatron/training/model.py's names, vocabulary padded).
+{global name: unsplit tensor} (megatron/training/model/model.py's names, vocabulary padded).
 """
 from typing import Dict, List
 
