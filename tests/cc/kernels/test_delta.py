@@ -1,17 +1,18 @@
-"""Delta step kernels (megatron/cc/codecs/delta_kernels.py) under Triton's interpreter: the packed
-codes and the updated caches (sender and receiver) bit-identical to the eager path with the
-same scales; the eager branch is DeltaCodec's own arithmetic."""
+"""The delta step on kernels (megatron/cc/codecs/delta_kernels.py) under Triton's interpreter:
+the packed codes and the updated caches (sender and receiver) bit-identical to the eager path
+with the same scales; the eager branch is DeltaCodec's own arithmetic."""
 import pytest
 import torch
 
 from megatron.cc.codecs import get_codec
-from megatron.cc.numerics import quant
 from megatron.cc.kernels import dispatch, group_sums
+from megatron.cc.numerics import quant
 from tests.cc.compress.codec_cases import context
 from tests.cc.kernels.cases import sample
 from tests.cc.kernels.interpret import kernels
 
-kd = kernels("delta")
+kernels("fixpoint")   # interpreted; delta_kernels imports it at each call
+from megatron.cc.codecs import delta_kernels as kd  # noqa: E402
 SHAPE = (11, 3, 29)   # (S, B, H): 957 values
 
 
