@@ -161,6 +161,12 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
     *[Method(f"subspace-k{k}-b{b}", "pp", tuple(bench_subspace.run_flags(f"sub-k{k}-b{b}")),
              tuned_on=("code",), source=f"bench_subspace sub-k{k}-b{b}")
       for k, b in ((20, 2), (13, 3), (16, 4), (24, 4), (32, 4), (10, 8), (10, 0))],
+    # only the stage boundary projected, the layers writing at full width
+    *[Method(f"subspace-k{k}-b{b}-boundary", "pp",
+             tuple(bench_subspace.run_flags(f"sub-k{k}-b{b}")
+                   + ["--subspace-constrain", "boundary"]),
+             tuned_on=("code",), source=f"bench_subspace sub-k{k}-b{b} --subspace-constrain boundary")
+      for k, b in ((10, 4), (13, 3), (20, 2))],
     Method("allreduce", "dp", tuple(bench_dp_modes.RUNS["allreduce"]),
            source="bench_dp_modes allreduce"),
     Method(DILOCO_RECIPE, "dp", tuple(bench_dp_modes.RUNS[DILOCO_RECIPE]),

@@ -8,7 +8,9 @@
 - the log line's pp-fwd / pp-bwd bytes equal the formula, k b-bit codes per token + k scales;
 - the refusals name the flag and the fix;
 - the write scale a (W_eff = a U U^T W): sqrt(k / H) by default, applied to every write, and
-  a checkpoint saved before it existed loads with a = 1.
+  a checkpoint saved before it existed loads with a = 1;
+- --subspace-constrain boundary: the layers write at full width (their gradients are not
+  confined to k dimensions), only the stage boundary projects, on the same wire.
 """
 import os
 
@@ -189,6 +191,11 @@ def test_untied_word_table_sums_only_looked_up_rows(tiny_corpus):
     ({"forward-compress-method": "subspace", "num-layers-per-virtual-pipeline-stage": 1},
      "interleaved"),
     ({"subspace-write-scale": 0.5}, "give --subspace-rank K"),
+    ({"subspace-constrain": "boundary"}, "give --forward-compress-method subspace"),
+    ({"subspace-rank": 4, "subspace-constrain": "boundary"},
+     "give --forward-compress-method subspace"),
+    ({"forward-compress-method": "subspace", "subspace-constrain": "boundary",
+      "subspace-write-scale": 0.5}, "no write is projected"),
     ({"forward-compress-method": "subspace", "subspace-write-scale": 0.0}, "must be > 0"),
 ])
 def test_refusals_name_the_flag(tiny_corpus, flags, match):
@@ -273,3 +280,19 @@ def test_checkpoint_without_write_scale_loads_with_scale_one():
     plain = {"output_layer.weight": torch.zeros(1)}   # not a subspace checkpoint: untouched
     fill_old_state(plain, {"output_layer.weight": 0})
     assert list(plain) == ["output_layer.weight"]
+
+
+BOUNDARY = {"subspace-constrain": "boundary"}
+
+
+def test_boundary_projects_only_the_stage_boundary(tiny_corpus):
+    """One iteration at pp 2: the output projections' gradients have full rank (no write is
+    confined) and the loss is another model's than the confined one."""
+    import numpy as np
+    loss, got = run_distributed(_pp_worker, 2, (tiny_corpus, BOUNDARY, 2), timeout=300)[-1]
+    confined, _ = run_distributed(_pp_worker, 2, (tiny_corpus, {}, 2), timeout=300)[-1]
+    assert np.isfinite(loss[0]) and loss[0] != confined[0]
+    for name in ("decoder.layers.0.self_attention.linear_proj.weight",
+                 "decoder.layers.3.mlp.linear_fc2.weight"):
+        sv = np.linalg.svd(got[name][0].astype(np.float64), compute_uv=False)
+        assert sv[K] > 1e-3 * sv[0], (name, sv[:K + 1])

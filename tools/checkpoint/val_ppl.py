@@ -64,6 +64,12 @@ def eval_args(full: FullCheckpoint, **overrides):
     groups = {name: _build(cls, dict(d.get(name, {}))) for name, cls, _ in A.GROUPS}
     # Uncompressed: nothing crosses a process boundary in one process anyway. But a subspace
     # model (megatron/training/model/subspace.py) is another model: keep its rank.
+    if (d.get("compression") or {}).get("subspace_constrain") == "boundary":
+        raise SystemExit("this checkpoint was trained with --subspace-constrain boundary: its "
+                         "stage boundaries are part of the model, which one process cannot "
+                         "build; evaluate it with pretrain_gpt.py at its own "
+                         "--pipeline-model-parallel-size (--load it with --train-iters equal "
+                         "to its iteration: the final validation runs, no step is taken)")
     rank = (d.get("compression") or {}).get("subspace_rank")
     if rank is None and (d.get("compression") or {}).get("forward_compress_method") == "subspace":
         from megatron.cc.pipeline.subspace import DEFAULT_RANK

@@ -43,6 +43,13 @@ class Subspace(PpMethod):
               "0 = unquantised (the exact messages). Default 4: with k 10 at hidden 128, "
               "40 bits a token against fp32's 4096, x100.8 both ways at the demo's shape.")
 
+    subspace_constrain: str = flag(
+        "writes", "What the subspace model confines to span(U): writes (every attention / MLP "
+                  "output projection on every stage, as Subspace Networks: the residual stream "
+                  "itself stays k-dimensional) or boundary (only what crosses a stage "
+                  "boundary: each stage's output is projected, c = U^T (x - x0), and its layers "
+                  "write at full width). Needs --forward-compress-method subspace.",
+        choices=["writes", "boundary"])
     subspace_write_scale: Optional[float] = flag(
         None, "a in W_eff = a U U^T W for every constrained write. Default sqrt(k / "
               "--hidden-size): a write keeps the per-direction size of an unconstrained one "

@@ -97,7 +97,7 @@ from megatron.core.models.gpt import GPTModel
 
 # the flag helpers live apart so that checking the flags needs no megatron-core import
 from megatron.training.model.subspace_flags import (  # noqa: F401  (re-exported)
-    bits, pipeline_width, rank, sends_coefficients, validate, write_scale)
+    bits, constrains_writes, pipeline_width, rank, sends_coefficients, validate, write_scale)
 
 WRITE_SCALE = "subspace_write_scale"   # the buffer holding a (module docstring)
 
@@ -124,14 +124,15 @@ class SubspaceGPTModel(GPTModel):
     (S, B, k) out (non-last stages); otherwise it is the ordinary stage interface.
     """
 
-    def constrain(self, k: int, seed: int, sends_coefficients: bool, scale: float) -> None:
+    def constrain(self, k: int, seed: int, sends_coefficients: bool, scale: float,
+                  writes: bool = True) -> None:
         h = self.config.hidden_size
         # saved with the model: an imported model's U is chosen from its weights
         self.register_buffer("subspace_basis", basis(seed, h, k), persistent=True)
         self.register_buffer(WRITE_SCALE, torch.tensor(float(scale)), persistent=True)
         self.sends_coefficients = sends_coefficients
         self._coefficients = None
-        for layer in self.decoder.layers:
+        for layer in self.decoder.layers if writes else ():   # boundary: forward projects
             for proj in (layer.self_attention.linear_proj, layer.mlp.linear_fc2):
                 proj.register_forward_hook(self._project_write)
         if sends_coefficients and not self.pre_process:
@@ -203,7 +204,7 @@ def constrain(model, args) -> None:
     the embedding's values by its global name)."""
     if isinstance(model, SubspaceGPTModel):
         model.constrain(rank(args), args.training.seed, sends_coefficients(args),
-                        write_scale(args))
+                        write_scale(args), constrains_writes(args))
 
 
 def fill_old_state(saved: dict, expected: dict) -> None:

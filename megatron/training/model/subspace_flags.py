@@ -26,6 +26,11 @@ def write_scale(args) -> float:
     return Subspace.write_scale(args.compression, args.model.hidden_size)
 
 
+def constrains_writes(args) -> bool:
+    """Every block's write is projected (else only the stage boundary is)."""
+    return args.compression.subspace_constrain == "writes"
+
+
 def pipeline_width(args) -> int:
     """Last dim of a pipeline message: k coefficients, or H."""
     return rank(args) if sends_coefficients(args) else args.model.hidden_size
@@ -38,6 +43,9 @@ def validate(args) -> None:
     if not sends_coefficients(args) and c.subspace_bits is not None:
         raise ConfigError(f"--subspace-bits sets the coefficients' bits of {method}, but "
                           f"--forward-compress-method is {c.forward_compress_method}")
+    if not constrains_writes(args) and not sends_coefficients(args):
+        raise ConfigError(f"--subspace-constrain boundary projects what crosses a stage "
+                          f"boundary; give {method} too")
     if k is None:
         if c.subspace_write_scale is not None:
             raise ConfigError("--subspace-write-scale scales the subspace model's writes; give "
@@ -63,6 +71,9 @@ def validate(args) -> None:
     if args.vp > 1:
         raise ConfigError(f"{who} with --virtual-pipeline-model-parallel-size {args.vp}: "
                           f"interleaved chunks are not built for it yet; drop the flag")
+    if not constrains_writes(args) and c.subspace_write_scale is not None:
+        raise ConfigError("--subspace-write-scale scales the projected writes; with "
+                          "--subspace-constrain boundary no write is projected: drop it")
     if not sends_coefficients(args):
         return
     if args.pp == 1:
