@@ -160,7 +160,7 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
     # default does not hold (chosen on the code corpus, seed 1234)
     *[Method(f"subspace-k{k}-b{b}", "pp", tuple(bench_subspace.run_flags(f"sub-k{k}-b{b}")),
              tuned_on=("code",), source=f"bench_subspace sub-k{k}-b{b}")
-      for k, b in ((20, 2), (13, 3), (16, 4), (24, 4), (32, 4), (10, 8), (10, 0))],
+      for k, b in ((20, 2), (13, 3), (16, 4), (24, 4), (32, 4), (10, 8), (10, 0), (8, 5), (5, 8))],
     # only the stage boundary projected, the layers writing at full width
     *[Method(f"subspace-k{k}-b{b}-boundary", "pp",
              tuple(bench_subspace.run_flags(f"sub-k{k}-b{b}")
