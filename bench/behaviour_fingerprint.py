@@ -73,7 +73,7 @@ RUNS: Dict[str, tuple] = {
                          "--mp-acti-comp", "--mp-grad-comp", "--mp-acti-comp-rank", "4",
                          "--mp-grad-comp-rank", "4"]),
 }
-RESUME = "pp-cb-lep"   # also run as ITERS/2, save, then resume to ITERS (must equal one go)
+RESUME = "pp-cb-lep"   # also stopped at ITERS/2, saved, resumed to ITERS (equal to one go)
 
 
 def entry(out: str, argv: List[str]) -> int:
@@ -183,8 +183,8 @@ def run_all(names: List[str], load_from: dict = None, port: int = 29650) -> dict
             if name == RESUME:
                 half = os.path.join(work, f"{name}-half")
                 first = launch(f"{name}-first", ranks, flags + [
-                    "--train-iters", str(ITERS // 2), "--save", half, "--save-interval",
-                    str(ITERS // 2)], work, port + 100 + i)
+                    "--train-iters", str(ITERS), "--exit-interval", str(ITERS // 2),
+                    "--save", half, "--save-interval", str(ITERS // 2)], work, port + 100 + i)
                 second = launch(f"{name}-second", ranks, flags + [
                     "--train-iters", str(ITERS), "--load", half], work, port + 200 + i)
                 entry_["resumed"] = {"first": first, "second": second}

@@ -57,6 +57,9 @@ def test_default_grid():
 
 def test_only_filters_and_commands(tmp_path):
     assert qp.select_methods("subspace*") == ["pp-baseline", "subspace-k10-b4"]
+    # settings around a claim (the frontier) run when named, never by a glob or by default
+    assert qp.select_methods("subspace-k24-b4") == ["pp-baseline", "subspace-k24-b4"]
+    assert "subspace-k24-b4" not in qp.select_methods(None)
     assert qp.select_methods("sc,fe") == ["seed-baseline", "fe", "sc"]
     with pytest.raises(SystemExit):
         qp.select_methods("nothing-like-this")
