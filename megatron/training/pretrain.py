@@ -47,9 +47,9 @@ def main(argv=None) -> int:
         from megatron.training.flags.seed_flags import seed_notes
         for note in seed_notes(args):
             print(f"note: {note}", flush=True)
-        import torch
         from megatron.training.runtime.fallback_warnings import fallback_note
-        note = fallback_note() if torch.cuda.is_available() else None  # CPU: fallbacks expected
+        from megatron.training.runtime.topology import cuda_available
+        note = fallback_note() if cuda_available() else None  # CPU: fallbacks expected
         if note:
             print(f"note: {note}", flush=True)
 
