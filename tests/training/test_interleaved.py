@@ -178,13 +178,21 @@ def test_interleaving_sequence_parallel_and_distributed_optimizer_compose(
     """(2,2,2), 2 chunks per rank, --sequence-parallel, --use-distributed-optimizer: the
     (1,1,1) losses within 1e-5; with every channel compressed (pipeline, tp, SC on dp, fused
     embedding sync) resume is bit-exact, with and without the distributed optimizer, and the
-    two give the same losses (Adam per element is the same on a shard; the grad norm's sum
-    runs in another order: 1e-6)."""
+    two give the same losses within 1e-5 (Adam per element is the same on a shard; the grad
+    norm's sum runs in another order, see below)."""
     plain, distopt, every = run_distributed(
         _composed, 8, (tiny_corpus, str(tmp_path / "ck")), timeout=900)[-1]
     for i, (a, b) in enumerate(zip(plain, reference)):
         assert abs(a - b) <= REL_TOL * abs(b), (i, a, b)
     for straight, resumed in (distopt, every):
         assert len(straight) == 6 and resumed == straight[3:], (straight, resumed)
+    # With --clip-grad 0 the two runs are bit-identical. With clipping (the default 1.0, active
+    # here: grad norm 1.3-1.5 in the first steps) the distributed optimizer sums the squared
+    # norm shard by shard over all ranks, the plain one parameter by parameter over the model-
+    # parallel group: the clip coefficients differ in the last bit, Adam's moments carry that
+    # on and it grows ~4x a step. Measured at iteration 6: 9.1e-7 on Python 3.11's stdlib text,
+    # 1.1e-6 on 3.12's (the tiny corpus is the running Python's stdlib), each the same with
+    # megatron-core 0.16.1 and 0.19.2 on the same text; 1e-6 left no margin, 1e-5 is the bound
+    # every reduction-order comparison in this file uses.
     for a, b in zip(distopt[0], every[0]):
-        assert abs(a - b) <= 1e-6 * abs(b), (distopt[0], every[0])
+        assert abs(a - b) <= REL_TOL * abs(b), (distopt[0], every[0])
