@@ -28,12 +28,12 @@ import os
 import sys
 from typing import Optional, Sequence
 
-try:
-    from megatron.training.data.tokenizer import TOKENIZER_TYPES, build_tokenizer
-except ModuleNotFoundError:  # run as `python tools/preprocess_data.py` from outside the repo root
+if __package__ in (None, ""):  # run as a script: the checkout first (megatron-core 0.17+
+    # wheels ship a megatron/training package of their own)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from megatron.training.data.tokenizer import TOKENIZER_TYPES, build_tokenizer
-from megatron.training.data.preprocess import PreprocessError, preprocess
+
+from megatron.training.data.preprocess import PreprocessError, preprocess  # noqa: E402
+from megatron.training.data.tokenizer import TOKENIZER_TYPES, build_tokenizer  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- command line
