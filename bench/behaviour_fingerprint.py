@@ -4,8 +4,8 @@ runs, to show that a refactor changed nothing.
 Each run is a few iterations of pretrain_gpt.py at a tiny shape on gloo (the embedded corpus),
 covering every pipeline codec, every data-parallel mode, the embedding and tensor-parallel
 channels, interleaving, overlap and a resume. Recorded per run: every iteration's loss as an
-exact float, the bytes each rank put on each channel (sent and uncompressed), the validation
-loss, and a SHA-256 of every tensor (and plain value) in the saved checkpoint. Two fingerprints
+exact float, the bytes each rank put on each channel (sent and uncompressed), and a SHA-256 of
+every tensor (and plain value) in the saved checkpoint. Two fingerprints
 taken before and after a change must be equal; `--compare` names what differs.
 
     python bench/behaviour_fingerprint.py --out /tmp/before.json          # all runs
@@ -94,19 +94,14 @@ def entry(out: str, argv: List[str]) -> int:
 
     ChannelStats.add = counted_add
     record = {}
-    train, final = training.Trainer.train, training.Trainer.final_evaluate
+    train = training.Trainer.train
 
     def recorded_train(self):
         record["start"] = self.iteration
         train(self)
         record["losses"] = [float(x) for x in self.loss_history]
 
-    def recorded_final(self, *a, **k):
-        result = final(self, *a, **k)
-        record["final"] = result if isinstance(result, (int, float, type(None))) else repr(result)
-        return result
-
-    training.Trainer.train, training.Trainer.final_evaluate = recorded_train, recorded_final
+    training.Trainer.train = recorded_train
     code = main(argv)
     rank = int(os.environ.get("RANK", "0"))
     with open(f"{out}.{rank}.json", "w") as f:
