@@ -1,22 +1,25 @@
-"""Configuration of every compression channel (fwd, bwd, dp, emb), one dataclass; the dp,
-pipeline and emb channels' fields come from their plug-ins (megatron/cc/data_parallel/, one file
-per --dp-mode; megatron/cc/pipeline/, one per --forward- / --backward-compress-method;
-megatron/cc/embedding/).
+"""Configuration of every compression channel (fwd, bwd, dp, emb, tp): one dataclass instance
+per plug-in and per set of shared flags (a section), composed by CompressionConfig.
 
-The library (megatron.cc) receives this object in constructors and never reads flags itself;
-the training driver generates the flags from these fields (megatron.training.config.config_flags).
+Each section declares its flags once, as fields with help and bounds; the driver turns every
+section's fields into flat flags (megatron.training.config.config_flags). `c.of(Fixpoint)` is
+the fixpoint plug-in's instance; `c.forward_bits` reads the same field by its flag's name. The
+library receives this object in constructors and never reads flags itself.
 """
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from megatron.cc.common.config_fields import ConfigError, check_bounds, flag
-from megatron.cc.data_parallel.registry import DpConfig
+from megatron.cc.common.config_fields import ConfigError, check_bounds, flag, flag_fields
+from megatron.cc.data_parallel.registry import DpConfig, dp_sections
 from megatron.cc.embedding.registry import EmbConfig
-from megatron.cc.pipeline.registry import LowRank, PpConfig, Subspace
+from megatron.cc.pipeline.registry import LowRank, PpConfig, Subspace, pp_sections
+from megatron.cc.tensor_parallel.powersgd import TpPowerSGD
 
 
 @dataclass
-class CompressionConfig(DpConfig, PpConfig, EmbConfig):
+class RunOptions:
+    """What applies to every channel: logging, the compressors' seed, --compression auto."""
     check_comp_ratio: bool = flag(
         False, "Log bytes sent per channel and the ratio against uncompressed bytes "
                "(always counted; this also prints a per-channel summary at the end).")
@@ -44,33 +47,70 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
         2.0, "--compression auto: largest expected validation-loss gap in percent "
              "(megatron/cc/plan/quality.py's measured gaps; unmeasured schemes are left out).")
 
-    # ---- tp channel: Optimus-CC's tensor-parallel compression (megatron/cc/tensor_parallel/tp_reduce.py)
-    mp_acti_comp: bool = flag(
-        False, "PowerSGD (warm-started Q, no error feedback) on the forward all-reduce of the "
-               "row-parallel layers (attention and MLP output projections); lossy. Needs "
-               "--tensor-model-parallel-size > 1.")
-    mp_acti_comp_rank: int = flag(16, "Rank r of --mp-acti-comp's P (tokens x r) and Q "
-                                     "(hidden x r).", low=1)
-    mp_acti_comp_warm_up: float = flag(
-        0.0, "Fraction of --train-iters (from the start) whose forward tp sums are exact; "
-             "in [0, 1).")
-    mp_acti_comp_type: str = flag("PowerSGD", "Reducer of --mp-acti-comp.",
-                                  choices=["PowerSGD"])
-    mp_grad_comp: bool = flag(
-        False, "PowerSGD (warm-started Q, no error feedback) on the backward all-reduce of the "
-               "column-parallel layers' input gradients (QKV, MLP input, output layer); lossy. "
-               "Needs --tensor-model-parallel-size > 1.")
-    mp_grad_comp_rank: int = flag(16, "Rank r of --mp-grad-comp's factors.", low=1)
-    mp_grad_comp_warm_up: float = flag(
-        0.0, "Fraction of --train-iters (from the start) whose backward tp sums are exact; "
-             "in [0, 1).")
-    mp_grad_comp_type: str = flag("PowerSGD", "Reducer of --mp-grad-comp.",
-                                  choices=["PowerSGD"])
 
-    def __post_init__(self):
-        DpConfig.__post_init__(self)
+class CompressionConfig(DpConfig, PpConfig, EmbConfig):
+    """Every section's instance; built from flat field values (`CompressionConfig(
+    forward_bits=4)`, unknown names refused), read and written by flat name or by section."""
+
+    @staticmethod
+    def section_types() -> tuple:
+        """The sections, in --help order, from the channels' registries as they are now."""
+        import megatron.cc.embedding.registry as emb
+        return (*emb.EMB, *pp_sections(), *dp_sections(), RunOptions, TpPowerSGD)
+
+    def __init__(self, **values):
+        sections = {}
+        for t in self.section_types():
+            names = {f.name for f in dataclasses.fields(t)}
+            sections[t] = t(**{k: values.pop(k) for k in list(values) if k in names})
+        if values:
+            raise TypeError(f"CompressionConfig has no field {', '.join(sorted(values))}")
+        self.__dict__["sections"] = sections
+        self.__dict__["_owner"] = {f.name: s for s in sections.values()
+                                   for f in dataclasses.fields(s)}
+        self.fold_dp_mode()
         LowRank.fold(self)
         Subspace.fold(self)
+
+    def of(self, section: type):
+        """The instance of one section (a plug-in class or a shared-flags dataclass)."""
+        return self.sections[section]
+
+    def __getattr__(self, name):   # a field by its flat name (only called when not found)
+        try:
+            return getattr(self.__dict__["_owner"][name], name)
+        except KeyError:
+            raise AttributeError(f"CompressionConfig has no field {name!r}") from None
+
+    def __setattr__(self, name, value):
+        if name not in self._owner:
+            raise AttributeError(f"CompressionConfig has no field {name!r}")
+        setattr(self._owner[name], name, value)
+
+    def values(self) -> dict:
+        """{field: value} of every flag, in --help order (values as they are)."""
+        return {f.name: getattr(self, f.name) for _, f in flag_fields(type(self))}
+
+    def to_dict(self) -> dict:
+        """Flat, nested dataclass values as dicts (dataclasses.asdict): what checkpoints keep."""
+        out = {}
+        for s in self.sections.values():
+            out.update(dataclasses.asdict(s))
+        return {name: out[name] for name in self.values()}
+
+    def replace(self, **changes) -> "CompressionConfig":
+        return type(self)(**{**self.values(), **changes})
+
+    @classmethod
+    def default(cls, name: str):
+        f = next(f for _, f in flag_fields(cls) if f.name == name)
+        return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+    def __eq__(self, other):
+        return type(other) is type(self) and self.values() == other.values()
+
+    def __repr__(self) -> str:
+        return f"CompressionConfig({', '.join(f'{k}={v!r}' for k, v in self.values().items())})"
 
     def validate(self, pp: int, dp: int, tp: int) -> None:
         self.validate_auto()
@@ -78,24 +118,7 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
         self.validate_pipeline_codecs(pp)
         self.validate_dp_mode(pp, dp)
         self.validate_emb(pp)
-        self.validate_tp_comp(tp)
-
-    def validate_tp_comp(self, tp: int) -> None:
-        """--mp-acti-comp / --mp-grad-comp, and their options given without them."""
-        for what in ("acti", "grad"):
-            on = getattr(self, f"mp_{what}_comp")
-            for part in ("rank", "warm_up", "type"):
-                name = f"mp_{what}_comp_{part}"
-                if getattr(self, name) != self.__dataclass_fields__[name].default and not on:
-                    raise ConfigError(f"--{name.replace('_', '-')} configures --mp-{what}-comp; "
-                                      f"add --mp-{what}-comp (or drop --{name.replace('_', '-')})")
-            if on and tp == 1:
-                raise ConfigError(f"--mp-{what}-comp compresses the tensor-parallel "
-                                  f"all-reduces; with --tensor-model-parallel-size 1 there are "
-                                  f"none (raise it, or drop --mp-{what}-comp)")
-            if not 0.0 <= getattr(self, f"mp_{what}_comp_warm_up") < 1.0:
-                raise ConfigError(f"--mp-{what}-comp-warm-up is a fraction of --train-iters in "
-                                  f"[0, 1)")
+        self.of(TpPowerSGD).check(tp)
 
     # fields --compression auto leaves to the user: logging, seeds, transports, emulation
     AUTO_KEEPS = ("compression", "quality_budget", "check_comp_ratio", "check_comp_speed",
@@ -104,17 +127,17 @@ class CompressionConfig(DpConfig, PpConfig, EmbConfig):
     def validate_auto(self) -> None:
         """--compression auto owns every codec field: one given by hand would be overridden
         or would change what the planner predicted, so it is refused by name."""
-        import dataclasses
         if self.quality_budget < 0:
             raise ConfigError(f"--quality-budget is a loss gap in percent, >= 0; got "
                               f"{self.quality_budget}")
         if self.compression == "manual":
-            if self.quality_budget != type(self).quality_budget:   # the field's default
+            if self.quality_budget != self.default("quality_budget"):
                 raise ConfigError("--quality-budget is the budget of --compression auto; add "
                                   "--compression auto or drop it")
             return
         # the spellings folded at parse time first, so the message names the flag given
-        for f in sorted(dataclasses.fields(self), key=lambda f: f.name not in LowRank.FOLDED):
+        fields = [f for _, f in flag_fields(type(self))]
+        for f in sorted(fields, key=lambda f: f.name not in LowRank.FOLDED):
             value = getattr(self, f.name)
             if f.name not in self.AUTO_KEEPS and value != f.default:
                 given = value if f.metadata.get("spellings") else f"--{f.name.replace('_', '-')}"

@@ -21,9 +21,16 @@ def flag(default, help: str, *, aliases=(), choices=None, type=None, spellings=N
     return dataclasses.field(default=default, metadata=meta)
 
 
+def flag_fields(cls) -> list:
+    """(owner class, field) of every flag of the config class `cls`: its dataclass fields, or,
+    for a config composed of sections (`section_types()`), each section's in turn."""
+    types = cls.section_types() if hasattr(cls, "section_types") else (cls,)
+    return [(t, f) for t in types for f in dataclasses.fields(t)]
+
+
 def check_bounds(config) -> None:
     """ConfigError naming the flag of the first field outside its `low` / `high` bounds."""
-    for f in dataclasses.fields(config):
+    for _, f in flag_fields(type(config)):
         low, high = f.metadata.get("bounds", (None, None))
         value = getattr(config, f.name)
         if value is None or (low is None or value >= low) and (high is None or value <= high):

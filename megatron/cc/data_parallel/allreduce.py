@@ -93,7 +93,8 @@ class AllReduce(DpMode):
         if c.emb_comm_opt and layout.pp > 1:   # fused: the emb channel carries the tied weight
             params = [p for p in params if not p.shared_embedding]
         warm = int(c.grad_comp_warm_up * layout.train_iters)
-        if stage >= c.compressed_stages(layout.pp) or (iteration is not None and iteration < warm):
+        compressed = c.of(AllReduce).compressed_stages(layout.pp)
+        if stage >= compressed or (iteration is not None and iteration < warm):
             return exact_bytes(params)
         exact = lowrank = 0
         for p in params:   # embedding / output weights stay exact (powersgd.py's rule)
@@ -110,7 +111,7 @@ class AllReduce(DpMode):
         group = topo.channel_group(topo.dp_group, c.dp_backend)   # collective
         exclude, overlap = run.exclude_embedding, run.overlap_grad_reduce
         buckets = dict(bucket_size=run.bucket_size, num_microbatches=run.num_microbatches)
-        if topo.dp_size > 1 and topo.pp_rank < c.compressed_stages(topo.pp_size):
+        if topo.dp_size > 1 and topo.pp_rank < c.of(AllReduce).compressed_stages(topo.pp_size):
             kw = dict(rank=c.grad_comp_rank, exclude_embedding=exclude, seed=run.comp_seed,
                       warm_up_iters=int(c.grad_comp_warm_up * run.train_iters))
             if c.grad_comp_type == "RandomizedSVD":   # after backward only (flags check)

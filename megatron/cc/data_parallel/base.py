@@ -1,7 +1,7 @@
-"""What a --dp-mode plug-in is. Its flags are the dataclass fields of a DpMode subclass, which
-CompressionConfig inherits (so flags and `args.compression.<field>` stay flat); `check` and
-`build` are static and take that composed config `c`, where the shared fields
-(--stochastic-rounding, --quant-scheme, --dp-backend) sit next to the mode's own."""
+"""What a --dp-mode plug-in is: a dataclass whose fields are its flags (CompressionConfig
+holds one instance of it, `c.of(Mode)`), with static `check` and `build` that take the whole
+config `c`, where the shared fields (--stochastic-rounding, --quant-scheme, --dp-backend) and
+the flat names of every field (`c.grad_comp_rank`) can be read."""
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Tuple
@@ -46,11 +46,14 @@ class DpMode:
     own_group: ClassVar[bool] = False         # --dp-backend applies
     quantises: ClassVar[bool] = False         # --stochastic-rounding / --quant-scheme apply
     shared: ClassVar[Tuple[str, ...]] = ()    # its fields other modes may be given too
+    sections: ClassVar[Tuple[type, ...]] = ()  # config dataclasses it shares with other modes
 
     @classmethod
     def owned(cls) -> Tuple[str, ...]:
         """Fields refused with another --dp-mode: given there, they are a mistake."""
-        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.shared)
+        own = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()
+        return tuple(f.name for t in cls.sections for f in dataclasses.fields(t)) + \
+            tuple(f.name for f in own if f.name not in cls.shared)
 
     @staticmethod
     def borrows(c) -> Tuple[str, ...]:

@@ -1,7 +1,7 @@
 """--dp-mode diloco: H inner steps, then an outer Nesterov step on the averaged pseudo-gradient,
 exact, through a sharded-exchange codec or low-rank (PowerSGD per matrix); Streaming DiLoCo's
-fragments and sync delay (megatron/cc/data_parallel/diloco_sync.py). DiLoCoLoop's flags are
-SparseLoCo's too."""
+fragments and sync delay (megatron/cc/data_parallel/diloco_sync.py). DiLoCoLoop's flags and
+LocalSteps' cost model are SparseLoCo's too."""
 import math
 import os
 from dataclasses import dataclass
@@ -18,7 +18,8 @@ from megatron.cc.data_parallel.lowrank_exchange import (PowerSGDExchange, parse_
 
 
 @dataclass
-class DiLoCoLoop(DpMode):
+class DiLoCoLoop:
+    """The inner loop's flags, one config section that diloco and sparseloco share."""
     diloco_inner_steps: int = flag(100, "diloco, sparseloco: H, local optimizer steps between "
                                         "outer steps (SparseLoCo's paper runs 15).", low=1)
     diloco_fragments: int = flag(
@@ -97,6 +98,25 @@ class DiLoCoLoop(DpMode):
         return SimpleNamespace(F=c.diloco_fragments, H=c.diloco_inner_steps,
                                sync_steps=DiLoCoLoop.sync_steps(c))
 
+    @staticmethod
+    def capture_dir(c):
+        """--diloco-capture-dir, created (every rank may race to it), or None."""
+        if not c.diloco_capture_dir:
+            return None
+        os.makedirs(c.diloco_capture_dir, exist_ok=True)
+        return c.diloco_capture_dir
+
+    @staticmethod
+    def reduce_group(c, topo):
+        """A background reduce (sync delay) or another backend needs a group of its own."""
+        return topo.channel_group(topo.dp_group, c.dp_backend,
+                                  own=bool(c.dp_backend or c.diloco_sync_delay))
+
+
+class LocalSteps(DpMode):
+    """What diloco and sparseloco share besides DiLoCoLoop's flags: the cost model per sync."""
+    sections = (DiLoCoLoop,)
+
     @classmethod
     def stage_bytes(cls, c, params, layout, stage, iteration):
         """Per fragment at its sync (`fragment_bytes`): the fragments due at `iteration`
@@ -126,23 +146,9 @@ class DiLoCoLoop(DpMode):
         """What one sync of a fragment of tensors shaped `shapes` counts."""
         raise NotImplementedError
 
-    @staticmethod
-    def capture_dir(c):
-        """--diloco-capture-dir, created (every rank may race to it), or None."""
-        if not c.diloco_capture_dir:
-            return None
-        os.makedirs(c.diloco_capture_dir, exist_ok=True)
-        return c.diloco_capture_dir
-
-    @staticmethod
-    def reduce_group(c, topo):
-        """A background reduce (sync delay) or another backend needs a group of its own."""
-        return topo.channel_group(topo.dp_group, c.dp_backend,
-                                  own=bool(c.dp_backend or c.diloco_sync_delay))
-
 
 @dataclass
-class DiLoCo(DiLoCoLoop):
+class DiLoCo(LocalSteps):
     name = "diloco"
     own_group = quantises = True
     diloco_outer_lr: float = flag(0.7, "diloco: learning rate of the outer SGD.")

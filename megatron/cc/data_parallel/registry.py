@@ -1,10 +1,10 @@
 """The dp channel's registry: one plug-in per --dp-mode, one file each.
 
 A plug-in (base.DpMode) owns its flags as dataclass fields, their checks (`check`) and a
-`build(c, topo, stats, run)` that returns the finished SyncChannel. DpConfig inherits every
-plug-in, and CompressionConfig inherits DpConfig, so each field keeps its flat flag and
-`args.compression.<field>`. Adding a mode: a file here and a line in DP_MODES.
+`build(c, topo, stats, run)` that returns the finished SyncChannel; CompressionConfig holds an
+instance of each (`dp_sections`). Adding a mode: a file here and a line in DP_MODES.
 """
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -19,7 +19,32 @@ from megatron.cc.data_parallel.sparseloco import SparseLoCo
 from megatron.cc.data_parallel.hetero import HeteroDelay
 
 DP_MODES = {m.name: m for m in (AllReduce, CocktailSGD, DiLoCo, SparseLoCo, PReduce, ADPSGD)}
-ALIASES = {alias: m.name for m in DP_MODES.values() for alias in m.aliases}
+
+
+class ModeNames:
+    """--dp-mode's choices, names and aliases, read from DP_MODES when asked (a mode added to
+    the registry is a choice at once)."""
+
+    def __iter__(self):
+        yield from DP_MODES
+        yield from (a for m in DP_MODES.values() for a in m.aliases)
+
+    def __contains__(self, name) -> bool:
+        return name in list(self)
+
+    @staticmethod
+    def canonical(name: str) -> str:
+        return next((m.name for m in DP_MODES.values() if name in m.aliases), name)
+
+
+def dp_sections() -> tuple:
+    """The dp channel's config dataclasses: its shared flags, then each mode's sections and
+    own fields, in registry order."""
+    out = [DpChannel]
+    for m in DP_MODES.values():
+        out += [*m.sections, *([m] if dataclasses.is_dataclass(m) and dataclasses.fields(m)
+                               else [])]
+    return tuple(dict.fromkeys(out))
 
 
 @dataclass
@@ -34,7 +59,7 @@ class DpChannel:   # the flags of every mode
                      "--diloco-inner-steps / -fragments / -sync-delay flags), the pseudo-"
                      "gradient plus a decayed error buffer sent as top-k per chunk with "
                      "2-bit values, outer SGD (SparseLoCo).",
-        choices=[*DP_MODES, *ALIASES])
+        choices=ModeNames())
     dp_backend: Optional[str] = flag(
         None, "Transport of the data-parallel channel: its own process group on this backend "
               "(allreduce/PowerSGD, cocktail_sgd, diloco, sparseloco): gloo (e.g. across a "
@@ -52,12 +77,12 @@ class DpChannel:   # the flags of every mode
              "in [0, 1)) of its compute time per iteration, to emulate a heterogeneous cluster.")
 
 
-@dataclass
-class DpConfig(*reversed(DP_MODES.values()), DpChannel):
-    """Every dp mode's fields (DpChannel's first in --help, then the modes' in registry order)."""
+class DpConfig:
+    """The dp channel's rules over the whole CompressionConfig (its fields live in
+    dp_sections())."""
 
-    def __post_init__(self):
-        self.dp_mode = ALIASES.get(self.dp_mode, self.dp_mode)   # one spelling from here on
+    def fold_dp_mode(self):
+        self.dp_mode = ModeNames.canonical(self.dp_mode)   # one spelling from here on
 
     @property
     def dp_plugin(self):
@@ -86,7 +111,7 @@ class DpConfig(*reversed(DP_MODES.values()), DpChannel):
         for name in (n for m in DP_MODES.values() for n in m.owned()):
             owners = [n for n, m in DP_MODES.items() if name in m.owned()]
             if mode not in owners and name not in borrowed and \
-                    getattr(self, name) != self.__dataclass_fields__[name].default:
+                    getattr(self, name) != self.default(name):
                 raise ConfigError(f"--{name.replace('_', '-')} configures --dp-mode "
                                   f"{' or '.join(owners)}, but --dp-mode is {mode}")
         if self.dp_backend is not None and not self.dp_plugin.own_group:

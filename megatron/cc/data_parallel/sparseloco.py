@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 from megatron.cc.codecs.chunk_topk import ChunkTopKCodec
 from megatron.cc.common.config_fields import ConfigError, flag
-from megatron.cc.data_parallel.diloco import DiLoCoLoop
+from megatron.cc.data_parallel.diloco import DiLoCoLoop, LocalSteps
 from megatron.cc.data_parallel.sparseloco_sync import SparseLoCoSync, sync_bytes
 
 
 @dataclass
-class SparseLoCo(DiLoCoLoop):
+class SparseLoCo(LocalSteps):
     name = "sparseloco"
     own_group = quantises = True
     sparseloco_outer_lr: float = flag(

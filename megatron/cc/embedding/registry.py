@@ -1,11 +1,9 @@
 """The emb channel's registry: the tied embedding gradient's sum between the first and last
 stage, the plain one over the embedding group, changed by each plug-in that is on, in EMB's
 order (FE replaces the sum by a fused one, PowerSGD wraps it). A plug-in owns its flags as
-dataclass fields, `check` and `build(c, topo, stats, run, exact)`; CompressionConfig
-inherits EmbConfig. Adding one: a file here and a line in EMB.
+dataclass fields, `check` and `build(c, topo, stats, run, exact)`; CompressionConfig holds an
+instance of each. Adding one: a file here and a line in EMB.
 """
-from dataclasses import dataclass
-
 from megatron.cc.embedding.fused import FusedEmbedding
 from megatron.cc.embedding.powersgd import EmbPowerSGD
 from megatron.cc.grad_sync.sync import EmbeddingSync
@@ -13,8 +11,9 @@ from megatron.cc.grad_sync.sync import EmbeddingSync
 EMB = (FusedEmbedding, EmbPowerSGD)
 
 
-@dataclass
-class EmbConfig(*reversed(EMB)):
+class EmbConfig:
+    """The emb channel's rules over the whole CompressionConfig (its fields: EMB's)."""
+
     def fused_embedding(self, pp: int) -> bool:
         """The emb channel sums over every replica (FE), the dp channel leaves it out."""
         return FusedEmbedding.on(self, pp)

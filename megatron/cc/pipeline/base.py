@@ -1,7 +1,7 @@
 """What a pipeline-channel plug-in is (one per --forward-compress-method and per
---backward-compress-method). Its flags are the dataclass fields of a PpMethod subclass, which
-CompressionConfig inherits (flags and `args.compression.<field>` stay flat); `check`, `codec`
-and `policy` are static and take that composed config `c`."""
+--backward-compress-method): a PpMethod subclass, a dataclass whose fields are its flags
+(CompressionConfig holds one instance of it, `c.of(Method)`), with static `check`, `codec` and
+`policy` that take the whole config `c` (shared fields, and every field by its flat name)."""
 import math
 from argparse import ArgumentTypeError
 from dataclasses import dataclass
@@ -87,6 +87,7 @@ class PpMethod:
     name: ClassVar[str] = "none"
     quantises: ClassVar[bool] = False   # --stochastic-rounding / --quant-scheme apply
     caches: ClassVar[bool] = False      # keeps a per-sample activation cache (epochs)
+    sections: ClassVar[Tuple[type, ...]] = ()   # config dataclasses it shares with others
 
     @classmethod
     def profile(cls, c) -> str:

@@ -10,11 +10,8 @@ from megatron.cc.pipeline.base import PpMethod
 
 
 @dataclass
-class Delta(PpMethod):
-    name = "delta"
-    codec_class = DeltaCodec
-    quantises = True
-    caches = True
+class ActivationCache:
+    """The activation cache's flags, one config section that delta and delta-lowbits share."""
     max_activation_cache_size: Optional[int] = flag(
         None, "delta*: samples each activation cache holds (least recently used evicted "
               "beyond). Default: every training sample the replica will see. Each rank holds "
@@ -32,12 +29,20 @@ class Delta(PpMethod):
                 "caches stay identical. (delta-lowbits stores --forward-bits-act bits instead.)",
         choices=["fp32", "fp16", "bf16"])
 
+
+class Delta(PpMethod):
+    name = "delta"
+    codec_class = DeltaCodec
+    quantises = True
+    caches = True
+    sections = (ActivationCache,)
+
     @staticmethod
     def check(c, pp: int) -> None:
         if not c.activation_cache:
             for name in ("max_activation_cache_size", "activation_cache_location",
                          "activation_cache_dtype"):
-                if getattr(c, name) != Delta.__dataclass_fields__[name].default:
+                if getattr(c, name) != ActivationCache.__dataclass_fields__[name].default:
                     raise ConfigError(f"--{name.replace('_', '-')} configures the delta "
                                       f"codecs' activation cache, but --forward-compress-method "
                                       f"is {c.forward_compress_method}")

@@ -2,10 +2,11 @@
 per --backward-compress-method (pp-bwd), one file each.
 
 A plug-in (base.PpMethod) owns its flags as dataclass fields, their checks (`check`) and
-`build(c, spec)`, which returns the finished link end (codec and policy). PpConfig inherits
-every plug-in, and CompressionConfig inherits PpConfig, so each field keeps its flat flag and
-`args.compression.<field>`. Adding a method: a file here and a line in FWD or BWD.
+`build(c, spec)`, which returns the finished link end (codec and policy); CompressionConfig
+holds an instance of each (`pp_sections`). Adding a method: a file here and a line in FWD or
+BWD.
 """
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,7 +24,17 @@ FWD = {m.name: m for m in (PpMethod, Fixpoint, Delta, DeltaLowbits, TAH, Subspac
 BWD = {m.name: m for m in (PpMethod, FixpointBackward, LowRank, Subspace)}
 
 __all__ = ["BWD", "FWD", "LinkEnd", "LowRank", "PpConfig", "Subspace", "pp_codec", "pp_link",
-           "pp_method", "Warmup"]
+           "pp_method", "pp_sections", "Warmup"]
+
+
+def pp_sections() -> tuple:
+    """The pipeline channels' config dataclasses: the shared flags, then each method's
+    sections and own fields (FWD's, then BWD's)."""
+    out = [PpChannel]
+    for m in (*FWD.values(), *BWD.values()):
+        out += [*m.sections, *([m] if dataclasses.is_dataclass(m) and dataclasses.fields(m)
+                               else [])]
+    return tuple(dict.fromkeys(out))
 
 
 @dataclass
@@ -35,12 +46,12 @@ class PpChannel:   # the flags both pipeline channels share
                 "(TAH-Quant), subspace (Subspace Networks: the subspace-constrained model "
                 "sends --subspace-rank coefficients per token both ways; see "
                 "megatron/training/model/subspace.py). Validation passes always send uncompressed.",
-        choices=[*FWD])
+        choices=FWD)
     backward_compress_method: str = flag(
         "none", "Codec of the activation gradients sent back: fixpoint (b-bit, no error "
                 "feedback) or lowrank (Optimus-CC CB, the same as --inter-grad-comp, with "
                 "its --inter-grad-comp-* / --use-error-feedback modifiers); subspace comes "
-                "with --forward-compress-method subspace.", choices=[*BWD])
+                "with --forward-compress-method subspace.", choices=BWD)
     stochastic_rounding: bool = flag(
         False, "fixpoint / delta quantisers round stochastically (unbiased) instead of to "
                "nearest; the generators are in the checkpoint.")
@@ -61,11 +72,9 @@ class PpChannel:   # the flags both pipeline channels share
                             "split (activation caches fill); converted to whole iterations.")})
 
 
-@dataclass
-class PpConfig(*reversed([m for m in dict.fromkeys((*FWD.values(), *BWD.values()))
-                           if m is not PpMethod]),
-               PpChannel):
-    """Every pipeline method's fields (PpChannel's first in --help)."""
+class PpConfig:
+    """The pipeline channels' rules over the whole CompressionConfig (its fields live in
+    pp_sections())."""
 
     @property
     def compressed_backprop(self) -> bool:

@@ -124,12 +124,12 @@ def _validated(args, cand: Candidate):
     hand (ConfigError naming the flag); `args` is not changed."""
     from megatron.training.flags.arguments import validate_args
     overrides = {k: v for s in cand.schemes for k, v in s.overrides.items()}
-    compression = dataclasses.replace(args.compression, **overrides)
+    compression = args.compression.replace(**overrides)
     flags = cand.compression_flags()
     parallel = dataclasses.replace(args.parallel, **{OVERLAP_FLAGS[f]: True for f in flags
                                                      if f in OVERLAP_FLAGS})
-    by_hand = dataclasses.replace(compression, compression="manual",
-                                  quality_budget=type(compression).quality_budget)  # its default
+    by_hand = compression.replace(compression="manual",
+                                  quality_budget=compression.default("quality_budget"))
     validate_args(dataclasses.replace(args, compression=by_hand, parallel=parallel))
     return compression, parallel, flags
 

@@ -12,7 +12,7 @@ import os
 import time
 import typing
 
-from megatron.cc.common.config_fields import ConfigError, flag  # noqa: F401  (re-exported)
+from megatron.cc.common.config_fields import ConfigError, flag, flag_fields  # noqa: F401  (re-exported)
 
 
 class FlagParser(argparse.ArgumentParser):
@@ -71,8 +71,7 @@ class _Spelling(argparse.Action):
 
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str) -> None:
     group = parser.add_argument_group(title)
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for owner, f in flag_fields(cls):
         if not f.metadata.get("help"):
             continue  # derived field, not a flag
         dashed = "--" + f.name.replace("_", "-")
@@ -88,7 +87,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str) -> Non
         if f.metadata.get("spellings"):
             continue
         kwargs = dict(dest=f.name, default=default, help=f.metadata["help"])
-        hint = hints[f.name]
+        hint = typing.get_type_hints(owner)[f.name]
         base = _base_type(hint)
         if base is bool and default:   # on by default: --foo keeps it, --no-foo turns it off
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -106,6 +105,6 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str) -> Non
 
 def from_namespace(cls, ns: argparse.Namespace):
     """Build `cls` from the parsed flags it owns (derived fields keep their defaults)."""
-    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)
+    values = {f.name: getattr(ns, f.name) for _, f in flag_fields(cls)
               if f.metadata.get("help") and hasattr(ns, f.name)}
     return cls(**values)

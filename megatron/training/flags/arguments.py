@@ -478,7 +478,8 @@ class Args:
         return self.model.seq_length // (self.tp if split else 1)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(dataclasses.replace(self, compression=None)),
+                "compression": self.compression.to_dict()}
 
 
 def build_parser() -> argparse.ArgumentParser:

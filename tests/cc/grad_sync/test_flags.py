@@ -2,6 +2,8 @@
 import pytest
 
 from megatron.cc.config import CompressionConfig
+from megatron.cc.data_parallel.allreduce import AllReduce
+from megatron.cc.embedding.fused import FusedEmbedding
 from megatron.training.config.config_flags import ConfigError, add_dataclass_flags, from_namespace
 
 
@@ -16,7 +18,7 @@ def test_defaults():
     c = parse([])
     assert (c.grad_comp, c.grad_comp_rank, c.grad_comp_warm_up) == (False, 128, 0.1)
     assert (c.selective_grad_comp, c.selective_grad_comp_way, c.emb_comm_opt) == (False, None, False)
-    assert c.compressed_stages(4) == 0
+    assert c.of(AllReduce).compressed_stages(4) == 0
 
 
 @pytest.mark.parametrize("spelling", ["dash", "underscore"])
@@ -28,20 +30,20 @@ def test_optimus_cc_spellings(spelling):
     c = parse(flags)
     c.validate(pp=4, dp=2, tp=1)
     assert (c.grad_comp_rank, c.grad_comp_warm_up, c.selective_grad_comp_way) == (16, 0.2, 3)
-    assert c.emb_comm_opt and c.compressed_stages(4) == 3
+    assert c.emb_comm_opt and c.of(AllReduce).compressed_stages(4) == 3
 
 
 def test_compressed_stages():
     c = CompressionConfig(grad_comp=True)
-    assert c.compressed_stages(4) == 4                      # every stage
+    assert c.of(AllReduce).compressed_stages(4) == 4                      # every stage
     c = CompressionConfig(grad_comp=True, selective_grad_comp=True)
-    assert c.compressed_stages(4) == 3 and c.compressed_stages(1) == 1   # default pp - 1
+    assert c.of(AllReduce).compressed_stages(4) == 3 and c.of(AllReduce).compressed_stages(1) == 1   # default pp - 1
     c = CompressionConfig(grad_comp=True, selective_grad_comp=True, selective_grad_comp_way=2)
-    assert c.compressed_stages(4) == 2
+    assert c.of(AllReduce).compressed_stages(4) == 2
     # Optimus-CC compresses stage s when s < way: a way above pp means every stage
     c = CompressionConfig(grad_comp=True, selective_grad_comp=True, selective_grad_comp_way=5)
     c.validate(pp=4, dp=2, tp=1)
-    assert c.compressed_stages(4) == 4 and c.compressed_stages(2) == 2
+    assert c.of(AllReduce).compressed_stages(4) == 4 and c.of(AllReduce).compressed_stages(2) == 2
 
 
 def test_error_feedback_with_sc_alone_is_powersgd_error_feedback():
@@ -49,7 +51,7 @@ def test_error_feedback_with_sc_alone_is_powersgd_error_feedback():
     c = CompressionConfig(grad_comp=True, use_error_feedback=True, selective_grad_comp=True,
                           selective_grad_comp_way=3)
     c.validate(pp=4, dp=2, tp=1)
-    assert not c.compressed_backprop and c.compressed_stages(4) == 3
+    assert not c.compressed_backprop and c.of(AllReduce).compressed_stages(4) == 3
 
 
 @pytest.mark.parametrize("fields,pp,message", [
@@ -81,7 +83,7 @@ def test_fe_with_one_stage_is_allowed():
     from megatron.cc.common.stats import ChannelStats
     fe, plain = CompressionConfig(emb_comm_opt=True), CompressionConfig()
     assert fe.validate(pp=1, dp=2, tp=2) is None   # allowed: no ConfigError
-    help_text = CompressionConfig.__dataclass_fields__["emb_comm_opt"].metadata["help"]
+    help_text = FusedEmbedding.__dataclass_fields__["emb_comm_opt"].metadata["help"]
     assert "pipeline size 1" in help_text and "changes nothing" in help_text   # documented
     assert not fe.fused_embedding(1) and fe.fused_embedding(2)
     topo = SimpleNamespace(emb_group="emb group")
