@@ -1,72 +1,10 @@
-"""Step time of non-interleaved 1F1B: compute + bubble + exposed communication per channel.
+"""Predicted step time of 1F1B, plain and interleaved: compute, bubble and each channel's
+exposed communication (pp, dp, emb, tp).
 
-Compute: the 6 N T rule (forward 2 N T FLOPs, backward 4 N T) per micro-batch of T = S x B
-tokens, N the parameters a stage multiplies by on one tensor-parallel rank (its layers, plus
-the output layer on the last stage; embedding lookups are free; attention's S^2 term is left
-out; tensor-parallel all-reduces are the tp term below), at the cluster's achieved TFLOP/s per GPU. The
-slowest stage sets the pace: compute = M (t_f + t_b), bubble = (pp - 1)(t_f + t_b).
-Interleaved 1F1B (Layout.virtual_stages = vp > 1): the bubble is (pp - 1)(t_f + t_b) / vp
-(Megatron's) and the tp term's fill (pp - 1) becomes (pp - 1) / vp. Of the pp vp - 1 virtual
-boundaries (the wrap-around one included), B = `boundaries_per_pair` join the busiest pair of
-neighbouring ranks: vp, or at pp = 2, where the wrap-around joins the same two ranks, 2 vp - 1.
-That pair's link carries M B messages each way, each behind (t_f + t_b) / B of compute, so
-below M becomes M B and the slot (t_f + t_b) / B. Interleaved SYNC pairs each send with the
-next op's receive, so sends rarely meet head-on: its messages are paid one after the other,
-(M B + pp - 2)(c_fwd + c_bwd). The real link lies between this sum and the crossing rule
-below, nearer the sum; the interleaved rules are the model's roughest part (docs/planning.md,
-"Validation on a real link").
-
-Communication, per channel, from the exact bytes (channel_bytes.py) over the slowest link a
-channel's group spans (links.py); a transfer of x bytes costs latency + x / bandwidth, and the
-inter-datacentre bandwidth of each direction is shared by every flow crossing it that way at
-once. A shaped link's token bucket (LinkSpec.burst_kb, tc tbf's burst) refills at the
-bandwidth during the compute between two messages, so a message costs only what exceeds
-min(burst, bandwidth x that compute) (for the flows crossing together, their sum):
-    pp     one message each way per micro-batch, c_fwd and c_bwd (codec time included).
-           synchronous: (pp - 1) (c_fwd + c_bwd + codecs) + (M - 1) (P - max_s compute_s):
-           the fill and drain messages go alone; in the steady state each batch's activation
-           and gradient cross the link at once, each direction at full rate (NCCL; gloo too
-           since megatron.cc.common.transport posts receives first; a congestion control that shares
-           the two directions fairly is assumed: docs/planning.md, "The link alone"), and
-           P = sync_period(): every stage
-           waits, each period, for the gradient from below and the activation from above, so
-           P = max_s(slot_s + [s > 0] c_fwd + [s < pp - 1] c_bwd), slot_s its compute with
-           its codec share (with_codecs). At pp 2 the downstream stage's longer slot (the
-           output layer) hides a gradient shorter than the difference (as in fixpoint4-fwd's
-           slow-link runs); a middle stage pays both messages.
-           On a shared inter-datacentre link a steady-state direction carries every message
-           going that way (pp_message_parts' `crossing`: with replicas placed in opposite
-           directions, one's activation and the other's gradient).
-           Overlapped (--overlap-p2p-comm): each stage's compute
-           per micro-batch slot_s from its own parameters plus its share of the codecs
-           (with_codecs: they run on the stage, not the link; c_fwd and c_bwd are then the
-           transfers alone), and a steady-state period P = overlapped_period(): at every
-           boundary two chains of round trips (gradient out, the upstream stage's backward
-           and next forward, activation back) interleave, so P = max(slot_(s+1), (c_fwd +
-           c_bwd + slot_s + slot_(s+1)) / 2), the two directions busy at once, each chain
-           paying its own messages alone; where several flows share a direction (the
-           `both` placement) their sum bounds P from below: they delay each other only as
-           far as they fill it; exposed (pp - 1) (c_fwd + c_bwd + codecs)
-           + (M - 1) (P - max_s compute_s), fill and drain alone, each direction's bucket
-           refilled only while it idles (P - c). Interleaved: the forward
-           and backward streams cross at once, each transfer hidden by the compute behind a
-           message, each rank's codec share (half of both messages') not: (pp - 1) (c_fwd +
-           c_bwd + codecs) + (M B - 1) (codecs / 2 + max(0, max(c_fwd, c_bwd) - slot)), B
-           and slot as above.
-    dp     a ring all-reduce of the x bytes a rank counts: 2 (D-1)/D x / bw + 2 (D-1) latency
-           (+ codec time); exposed in full after backward, or past the last micro-batch's
-           backward with --overlap-grad-reduce, or past the whole step when it runs in the
-           background (CocktailSGD's default); DiLoCo-style modes once per H/F steps. In the
-           1F1B cool-down stage s ends its last backward s t_b / vp before stage 0, so its
-           all-reduce starts that much earlier: the step waits for max_s(dp_s - s t_b / vp)
-           (why selective compression leaves the last stages exact).
-    emb    an all-reduce over the first and last stage (every replica's with --emb-comm-opt),
-           exposed in full.
-    tp     the tensor-parallel sums of every micro-batch (channel_bytes.tp_bytes), ring
-           all-reduces over the tp group's level, synchronous: they lengthen each forward and
-           backward, so (M + pp - 1) times the slowest stage's (and overlapped pipeline
-           transfers hide behind t_f + t_b + their time).
-Codec time = uncompressed bytes / throughput (encode + decode); CODEC_THROUGHPUT_GBS below.
+Compute follows the 6 N T rule at the cluster's TFLOP/s; each channel's bytes
+(channel_bytes.py, dp_bytes.py) cross the slowest link its group spans (links.py), a transfer
+costing latency + bytes / bandwidth beyond what the link's token bucket holds. The rules are
+set out in docs/planning.md.
 """
 from collections import Counter
 from dataclasses import dataclass
@@ -80,13 +18,9 @@ from megatron.cc.plan.shapes import Layout, ModelShape, stage_params
 from megatron.cc.pipeline.registry import pp_method
 
 # GB/s of uncompressed input for encode + decode together (1 / (1/enc + 1/dec)).
-# cpu: one thread, from the CPU codec tables (fixpoint, delta, TAH: docs/finetune.md,
-#      "Results"; lowrank: docs/quantisers.md, "CPU codec throughput"); dp codecs without a
-#      CPU row take the slowest quantiser's rate.
-# gpu: codec_speeds_h200.json (bench/bench_gpu.py's codec rows at the Fig. 14 shapes, the
-#      median of each codec's; the file names the codecs taken from a related one; docs/gpu.md).
-#      A cluster YAML's codec_throughput_gbs overrides single codecs, and
-#      tools/plan_compression.py plan --codec-speeds FILE a whole fresh table.
+# cpu: one thread (docs/finetune.md, docs/quantisers.md); dp codecs without a CPU row take the
+# slowest quantiser's rate. gpu: codec_speeds_h200.json (docs/gpu.md). A cluster YAML's
+# codec_throughput_gbs overrides single codecs, plan --codec-speeds FILE the whole table.
 CODEC_THROUGHPUT_GBS: Dict[str, Dict[str, float]] = {
     "cpu": {"fixpoint": 0.038, "delta": 0.024, "delta-lowbits": 0.008, "tah": 0.128,
             "lowrank": 1.78, "rsvd": 1.78, "powersgd": 1.78, "cocktail": 0.008,
@@ -121,7 +55,8 @@ def codec_seconds(cluster: Cluster, codec: str, raw_bytes: float) -> float:
 
 
 def stage_flops_params(m: ModelShape, layout: Layout, stage: int) -> int:
-    """Parameters one tensor-parallel rank of `stage` multiplies by (see module doc)."""
+    """Parameters one tensor-parallel rank of `stage` multiplies by: its layers, plus the
+    output layer on the last stage."""
     n = sum(p.numel for p in stage_params(m, layout.tp, layout.pp, stage)
             if not p.name.startswith("embedding.") and p.name != "output_layer.weight")
     if stage == layout.pp - 1:
@@ -162,18 +97,12 @@ def _pp_level(cluster, layout):
 
 def pp_message_parts(m, layout, c, cluster, totals, refill_s: float = 0.0,
                      crossing: bool = True):
-    """((transfer, codec) forward, (transfer, codec) backward) seconds for one micro-batch's
-    messages (mean message of the steady state), the link's bucket refilled for refill_s
-    before each; c_fwd = the forward pair's sum, c_bwd the backward's.
+    """((transfer, codec) forward, (transfer, codec) backward) seconds for the mean steady-state
+    message of one micro-batch, the link's bucket refilled for refill_s before each.
 
-    On the shared inter-datacentre link a message's direction carries every flow crossing it
-    that way at once: with `crossing` (the steady state, where activations and gradients
-    are in flight together) the other channel's messages going the same way too; without
-    (a fill or drain message) only its own channel's.
-
-    With scatter-gather (Layout.scatter_gather, tp > 1) a message is one tp rank's slice, sent
-    in parallel with its peers' on their own links; the receiving stage's intra-node all-gather
-    of the slices is not modelled (small next to a slow pipeline link)."""
+    `crossing`: the steady state, where the other channel's messages share the direction of an
+    inter-datacentre link; without it (fill, drain) only the message's own channel does.
+    With scatter-gather a message is one tp rank's slice."""
     level, ways = _pp_level(cluster, layout)
     _, _, raw = activation_message(m, layout)
     sent, codec = {}, {}
@@ -195,43 +124,30 @@ def pp_message_parts(m, layout, c, cluster, totals, refill_s: float = 0.0,
 
 
 def boundaries_per_pair(pp: int, vp: int) -> int:
-    """Virtual-stage boundaries joining the busiest pair of neighbouring pipeline ranks: one
-    per model chunk (vp), and at pp = 2 the vp - 1 wrap-around ones too (the last rank's chunk
-    c feeds chunk c + 1 of rank 0: the same two ranks)."""
+    """Virtual-stage boundaries joining the busiest pair of neighbouring pipeline ranks: vp, and at
+    pp = 2 also the vp - 1 wrap-around ones."""
     return 2 * vp - 1 if pp == 2 and vp > 1 else vp
 
 
 def with_codecs(bare, codec: float):
-    """Each stage's time per micro-batch with its share of the codecs: they run on the stages'
-    own timelines (encode at the send, decode before the compute that uses the message), not
-    on the link. `codec` is one forward and one backward message's encode + decode (the
-    throughput table has their sum), charged half to each end: a stage with two neighbours
-    pays it once, an end stage half."""
+    """Each stage's time per micro-batch with its share of the codecs (`codec`: one forward and one
+    backward message's encode + decode), charged half to each end of a message."""
     pp = len(bare)
     return [x + codec * ((s > 0) + (s < pp - 1)) / 2 for s, x in enumerate(bare)]
 
 
 def overlapped_period(slots, c_f: float, c_b: float) -> float:
     """Steady-state time per micro-batch of overlapped non-interleaved 1F1B, from each stage's
-    compute per micro-batch (forward + backward) and one message's time each way.
-
-    At a boundary (s, s+1), stage s sends activation j after a forward that follows its
-    backward of the micro-batch whose gradient stage s+1 sent two of its slots earlier, so with
-    E_k the end of stage s+1's k-th backward: E_(k+2) = max(E_k + c_b + slot_s + c_f,
-    E_(k+1)) + slot_(s+1). Two such chains interleave, so the period is
-    max(slot_(s+1), (c_f + c_b + slot_s + slot_(s+1)) / 2): half the round trip is exposed,
-    and the two directions carry a message each at once. No stage can be faster than its own
-    compute, nor a direction than one message per period."""
+    compute per micro-batch and one message's time each way:
+    max(slot_(s+1), (c_f + c_b + slot_s + slot_(s+1)) / 2), bounded below by each slot and message."""
     chains = [(c_f + c_b + a + b) / 2 for a, b in zip(slots, slots[1:])]
     return max(max(slots), c_f, c_b, *chains)
 
 
 def steady_overlapped_period(slots, transfers, refill_s: float):
-    """overlapped_period with each direction's token bucket refilled only while it idles, to
-    its fixed point: (period, (a_f, a_b), (c_f, c_b)). `transfers(refill_s)` gives one
-    message's transfer each way alone (a_*) and with every flow sharing its direction (c_*),
-    the bucket refilled for refill_s (first: refill_s). Each chain's round trip pays its own
-    messages (a_*); a direction shared by several flows bounds the period by their sum (c_*)."""
+    """overlapped_period with each direction's bucket refilled only while it idles, iterated to its
+    fixed point: (period, (a_f, a_b), (c_f, c_b)). `transfers(refill_s)` gives one message's
+    transfer each way alone (a_*) and with every flow sharing its direction (c_*)."""
     alone, shared = transfers(refill_s)
     period = max(overlapped_period(slots, *alone), *shared)
     for _ in range(50):
@@ -243,15 +159,8 @@ def steady_overlapped_period(slots, transfers, refill_s: float):
 
 
 def sync_period(slots, c_f: float, c_b: float) -> float:
-    """Steady-state time per micro-batch of synchronous non-interleaved 1F1B, from each stage's
-    compute per micro-batch (forward + backward, its codec share included) and one message's
-    time each way (the two of a batch crossing at once).
-
-    Stage s runs forward, then one batch with s + 1 (its activation out, a gradient in), then
-    backward, then one batch with s - 1 (its gradient out, the next activation in), each
-    waited for before the next compute; a batch moves once both ends have posted it, and in
-    the steady state the stages post in step. So stage s waits c_b per micro-batch below it
-    and c_f above it: P = max_s(slot_s + [s > 0] c_f + [s < pp - 1] c_b)."""
+    """Steady-state time per micro-batch of synchronous non-interleaved 1F1B:
+    P = max_s(slot_s + [s > 0] c_f + [s < pp - 1] c_b), slots including their codec share."""
     pp = len(slots)
     return max(x + (s > 0) * c_f + (s < pp - 1) * c_b for s, x in enumerate(slots))
 
@@ -259,7 +168,7 @@ def sync_period(slots, c_f: float, c_b: float) -> float:
 def dp_seconds(m, layout, c, cluster, step_compute: float, t_b: float,
                overlap: bool = False, stage_lead: float = 0.0) -> float:
     """Exposed dp time of the slowest stage (every stage's dp groups run at once); stage s
-    starts its all-reduce s x stage_lead before stage 0 (the 1F1B cool-down, module doc)."""
+    starts its all-reduce s x stage_lead before stage 0 (the 1F1B cool-down)."""
     if layout.dp < 2:
         return 0.0
     place = placement(layout.tp, layout.dp, layout.pp, layout.rank_order)
@@ -378,7 +287,7 @@ def step_time(m: ModelShape, layout: Layout, c, cluster: Cluster,
         (c_f, k_f), (c_b, k_b) = pp_message_parts(m, layout, c, cluster, totals, slot)
         slots = with_codecs(bare, k_f + k_b)   # vp = 1: each stage's, its codec share in
         if not overlap and vp > 1:   # each send paired with the next op's receive: few
-            # sends meet, so they are paid one after the other (module docstring)
+            # sends meet, so they are paid one after the other (docs/planning.md)
             pp_t = (M * B + pp - 2) * (c_f + k_f + c_b + k_b)
         elif not overlap:   # fill and drain alone, then each batch's two messages cross
             (a_f, _), (a_b, _) = pp_message_parts(m, layout, c, cluster, totals, slot, False)
