@@ -1,23 +1,16 @@
-"""The pipeline schedule: one 1F1B loop that knows what codecs need, in three exchange modes.
+"""The pipeline schedule: one loop for 1F1B, GPipe, interleaved 1F1B and forward-only
+evaluation, in three exchange modes (SYNC, PAIRED, PREFETCH: `Schedule`).
 
-Megatron-core's schedules hide the micro-batch index and phase of each send and create a
-CUDA token counter; ours pass an explicit `Message(microbatch, iteration, sample_ids)` with
-every send and receive, so the compression policy and the per-sample activation caches work
-from facts both ends compute, not from call order.
-
-One loop runs every schedule (1F1B, GPipe, interleaved 1F1B, forward-only evaluation):
-`_order` lists the step's compute, and the loop takes each step's input from a posted receive,
-computes, and posts its output (`PipelineChannels.post`: encode and post one batch, wait
-later). The exchange modes (SYNC, PAIRED, PREFETCH: `Schedule`) differ only in when batches
-are posted and waited; encode and decode happen in the same micro-batch order in all of them,
-so codec state, policy decisions, byte counts and losses are SYNC's (tests/cc/test_overlap.py).
+Every send and receive carries an explicit `Message(microbatch, iteration, sample_ids)`, so
+the compression policy and the per-sample caches work from facts both ends compute. The modes
+differ only in when batches are posted and waited; encode and decode run in the same order in
+all of them, so codec state, byte counts and losses are SYNC's (docs/pipeline_compression.md).
 
 A `StageStep` supplies the stage's computation:
-    forward(input_tensor | None, microbatch) -> output tensor (last stage: the scalar loss,
+    forward(input_tensor | None, microbatch[, chunk]) -> output tensor (last stage: the loss,
         already divided by the number of micro-batches)
     backward(input_tensor, output_tensor, output_grad | None) -> input grad | None
     sample_ids(microbatch) -> (B,) int64
-Interleaved, forward takes the chunk too: forward(input_tensor | None, microbatch, chunk).
 """
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple
@@ -33,34 +26,17 @@ SYNC, PAIRED, PREFETCH = "sync", "paired", "prefetch"
 
 @dataclass(frozen=True)
 class Schedule:
-    """How one step runs: `exchange` (below), `gpipe` (warm-up M), `forward_only` (forwards
-    alone, uncompressed messages: evaluation), `virtual_stages` (model chunks per rank: vp > 1
-    is interleaved 1F1B, see `interleaved_order`).
+    """How one step runs: `exchange`, `gpipe` (warm-up M), `forward_only` (forwards alone,
+    uncompressed: evaluation), `virtual_stages` (vp > 1: interleaved 1F1B).
 
-    Exchange modes:
-    - SYNC waits for each batch before computing again, so every message crosses the link
-      while both stages idle. In the steady phase a send and the next receive (same
-      neighbour) go out in one batch, as Megatron does, so 1F1B cannot deadlock.
-    - PAIRED (--overlap-p2p-comm on NCCL) posts SYNC's batches in SYNC's order and defers
-      only the send waits, to the end of the step (Megatron's overlap_p2p_comm pattern).
-      NCCL needs that: torch runs the sends and receives between two ranks on one stream,
-      where receives posted ahead in a different order on the two ends would deadlock.
-    - PREFETCH (--overlap-p2p-comm on gloo) posts every send on its own, waited for at the
-      end of the step, and keeps `prefetch_depth` receives of each kind posted ahead of the
-      compute that uses them: on gloo a send only starts moving once its receive is posted,
-      so this is what lets activation i+1 cross the link while stage s+1 computes i.
-
-    Deferred sends keep their payloads referenced until the end of the step: memory for at
-    most M messages per link, about what 1F1B keeps alive for backward anyway; prefetched
-    receives add at most prefetch_depth buffers per link.
-
-    GPipe (AC-SGD's --pp-mode gpipe) is 1F1B whose warm-up is every micro-batch: its
-    cool-down is GPipe's backward phase, in the same micro-batch order (0..M-1) as 1F1B's, so
-    both give the same losses and weights. It holds all M micro-batches' activations at once
-    (1F1B at most pp); what it buys is a simpler message pattern: stage s only ever waits on
-    one neighbour per phase. Forward-only passes are the warm-up alone; pp = 1 is the
-    degenerate case with no links (warm-up 0, nothing posted). GPipe with interleaving is
-    refused by the driver."""
+    - SYNC waits for each batch before computing again; in the steady phase a send and the next
+      receive (same neighbour) go out in one batch, so 1F1B cannot deadlock.
+    - PAIRED (--overlap-p2p-comm on NCCL) posts SYNC's batches in SYNC's order and defers only the
+      send waits to the end of the step: receives posted ahead in a different order on the two
+      ends would deadlock on NCCL's per-pair stream.
+    - PREFETCH (--overlap-p2p-comm on gloo) posts each send alone, waited at the end of the step,
+      and keeps `prefetch_depth` receives of each kind posted ahead: a gloo send only moves once
+      its receive is posted."""
     exchange: str = SYNC
     gpipe: bool = False
     forward_only: bool = False
@@ -94,34 +70,13 @@ def _order(M: int, warmup: int, forward_only: bool, fwd=None, bwd=None) -> List[
 
 def interleaved_order(M: int, pp_rank: int, pp_size: int, vp: int,
                       forward_only: bool = False) -> List[Op]:
-    """Megatron's interleaved 1F1B op list of one rank.
+    """Megatron's interleaved 1F1B op list of one rank; chunk c on pp rank r is virtual stage
+    c pp + r, and every op names its chunk.
 
-    Each rank holds vp model chunks, chunk c on pp rank r being virtual stage c pp + r, so
-    chunk c's output on the last rank goes to chunk c + 1 of rank 0 (the ring wraps). The ops
-    are Megatron's interleaved order (megatron.cc.pipeline.policy.interleaved_table: groups of pp
-    micro-batches through chunk 0, then chunk 1, ...; backwards the same with chunks reversed;
-    warm-up (pp - r - 1) 2 + (vp - 1) pp forwards, capped at M vp), and every op names its
-    chunk, whose links (`channels.chunk(c)`: its own codecs, caches and error buffers per
-    direction) carry its messages. Two rules differ from vp = 1:
-    - SYNC and PAIRED post every send in one batch with the next op's receive (Megatron's
-      send_forward_recv_forward and friends), not only in the steady phase: with the
-      wrap-around link the last rank may be sending to rank 0 while rank 0 sends to rank 1,
-      and on gloo a send completes only once its receive is posted, so a lone send there
-      would wait forever. Interleaved SYNC also keeps one send in flight: a send is waited
-      for when the rank posts its next one, not before its next compute. Megatron avoids that
-      by posting rank 0's wrap-around receives when the last rank sends and buffering the
-      tensors; our loop posts each receive for the op that consumes it, and waiting each send
-      at once then deadlocks as soon as the steady phase spans two groups of micro-batches.
-      Receives are still waited for before the compute that needs them, as in SYNC at vp = 1.
-      tests/cc/test_interleaved_schedule.py runs the loop of every rank against links that
-      complete a send only once its receive is posted, for every mode, and finds no deadlock.
-    - Epilogue-only CB decides per chunk boundary: a backward send is compressed when its
-      sender computes it as the last backward of its steady phase or in its cool-down,
-      counted over the rank's whole interleaved op list
-      (policy.is_critical_interleaved_send), not each chunk's last micro-batch.
-    At pp = 2 each pair of ranks exchanges both activations and gradients in each direction;
-    the links then carry a tag per direction (Link.tag) so that gloo matches each kind on its
-    own."""
+    SYNC and PAIRED post every send in one batch with the next op's receive, and interleaved SYNC
+    keeps one send in flight (waited when the next is posted): with the wrap-around link a lone
+    send on gloo could wait forever. Epilogue-only CB is decided over the rank's whole op list
+    (policy.is_critical_interleaved_send). See docs/pipeline_compression.md."""
     total = M * vp
     warmup = total if forward_only else num_warmup_interleaved(pp_rank, pp_size, vp, M)
     return _order(total, warmup, forward_only, interleaved_table(M, vp, pp_size),
@@ -137,13 +92,8 @@ def run_backward(input_tensor, output_tensor, output_grad):
 
 
 def prefetch_depth(pp_size: int, vp: int, num_microbatches: int) -> int:
-    """Receives of one kind PREFETCH keeps posted: the most sends a neighbour can post before
-    it needs a message back, the first rank's warm-up plus one (pp in 1F1B, (pp - 1) 2 +
-    (vp - 1) pp + 1 interleaved).
-
-    One ahead is not enough on a slow link: the upstream rank runs ahead by its warm-up and
-    posts sends whose receives are not posted yet, and on gloo such sends make the two
-    directions take turns (docs/overlap_and_slow_links.md, "Prefetch depth")."""
+    """Receives of one kind PREFETCH keeps posted: the first rank's warm-up plus one, the most sends
+    a neighbour can post before it needs a message back (docs/overlap_and_slow_links.md)."""
     if vp > 1:
         return num_warmup_interleaved(0, pp_size, vp, num_microbatches) + 1
     return num_warmup_microbatches(0, pp_size, num_microbatches) + 1
