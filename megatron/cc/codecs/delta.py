@@ -1,37 +1,15 @@
-"""AC-SGD activation delta compression ("delta", "delta-lowbits") and its activation cache.
+"""AC-SGD activation delta compression ("delta", "delta-lowbits") and its per-sample cache.
 
-Both ends of a forward channel keep a cache of the last activation transmitted for every
-training sample, keyed by the sample's dataset index (CodecContext.sample_ids). For an
-activation x of shape (S, B, H) (seq-first) and the cached c of its B samples:
+Both ends of a forward channel cache the last activation sent for every training sample
+(keyed by CodecContext.sample_ids); for an (S, B, H) activation x and the cached c:
 
     sender:   d = x - c;  payload = fixpoint_b(d);  c <- c + deQ(payload)
     receiver: x_hat = c + deQ(payload);             c <- x_hat
 
-Both sides compute `c + deQ(codes, scales)` from identical codes, scales and cache bytes with
-the same float32 operations, so the two caches stay bit-identical.
-
-First sight of a sample: its cache slot starts at zero, so the first send quantises x itself
-(d = x) with the same b-bit format; the payload size never depends on the data or on the
-history. Use `observe(x, ctx)` on BOTH ends when a message goes uncompressed (AC-SGD warm-up
-epochs): it stores x exactly (up to the cache dtype) so later deltas start from the truth.
-
-Payload = fixpoint payload of d: [codes uint8 (ceil(S*B*H*b/8),), scales fp16 (num_scales,)],
-per hidden channel by default (num_scales = H).
-
-Cache (ActivationCache), `capacity` samples of shape (S, H), storage "ram" (host memory,
-pinned when the messages are on a GPU, every copy asynchronous and stream-ordered), "device"
-(the messages' GPU memory) or "disk:PATH" (a numpy memmap file; PATH may be an existing directory, then a fresh file is made in it and
-removed by close() -- give a directory when several caches share a node, since two caches on
-one file would overwrite each other):
-    "delta":         S*H*element_size(cache_dtype) bytes per sample;
-    "delta-lowbits": cache kept quantised to bits_act bits with one fp16 scale per (sample,
-                     channel), as AC-SGD (measured more faithful on captured activations
-                     than a scale per token: bench_codec_fidelity.py),
-                     ceil(S*H/8)*bits_act + 2*H bytes per sample.
-The cache checks at construction that it fits (RAM: MemAvailable or ram_limit_bytes; disk: free
-space) and raises CacheTooLarge with the numbers if not. When more distinct samples arrive
-than it holds, the least recently used sample is evicted (deterministically, so both ends evict
-the same one) and treated as unseen next time.
+Both sides compute c + deQ with the same float32 operations, so the caches stay bit-identical.
+An unseen sample's slot is zero (the first send quantises x itself); `observe(x, ctx)` on both
+ends stores x exactly when a message goes uncompressed. Payload: the fixpoint payload of d.
+Cache behaviour and sizes: docs/finetune.md.
 """
 from __future__ import annotations
 
@@ -85,19 +63,18 @@ class ActivationCache:
 
     Every slot is a row of bytes: a dense (S, H) tensor of `dtype`, or (bits given) packed
     `bits`-bit codes followed by S fp16 per-row scales. Values go in and out as float32.
+    Refuses (CacheTooLarge) a cache that does not fit; eviction is deterministic, so both ends
+    evict the same sample.
 
     Args:
         capacity: number of samples held (--max-activation-cache-size).
         sample_shape: (S, H) of one sample's activation.
         dtype: element type of dense storage (ignored when bits is set).
-        storage: "ram", "device" or "disk:PATH".
+        storage: "ram" (pinned host memory for GPU messages), "device" or "disk:PATH" (a memmap;
+            a directory PATH gets a fresh file, removed by close()).
         bits: None for dense storage, else 1..8 (delta-lowbits' bits_act).
         ram_limit_bytes: refuse a RAM cache larger than this (default: MemAvailable).
         device: where values go in and out (the messages' device; default CPU).
-
-    Slot traffic is row copies with non_blocking=True in both directions: with a GPU and a
-    pinned host cache they are asynchronous yet ordered on the stream, so a read always sees
-    the previous write without the host waiting for either.
     """
 
     def __init__(self, capacity: int, sample_shape, dtype=torch.float32, storage: str = "ram",

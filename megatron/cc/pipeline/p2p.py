@@ -1,21 +1,11 @@
 """Pipeline channels: the fwd (activations, s -> s+1) and bwd (gradients, s+1 -> s) links.
 
-Each end of each link holds its own codec instance; both ends construct it from the same
-config, so stateful codecs (activation caches, error buffers) evolve identically. Whether a
-given message is compressed is a pure function of (sender stage, micro-batch, iteration, pp, M)
-(`CompressionPolicy`), computed independently on both ends: nothing about the decision is
-inferred from call order, and nothing extra crosses the wire.
-
-Payloads are lists of tensors whose shapes both ends compute from the activation shape
-(`codec.payload_spec`), so receive buffers are allocated without a size handshake. All
-transfers go through `torch.distributed.batch_isend_irecv` (megatron.cc.common.transport: NCCL, or
-gloo with CUDA tensors staged through pinned host memory);
-combined send+receive ops post both before waiting, as Megatron does, so 1F1B cannot deadlock.
-
-Scatter-gather (`ScatterGather`, on by default at tp > 1 as in Megatron v2.5): every
-tensor-parallel rank of a stage holds the same full (S, B, H) activation and the same input
-gradient, so each sends only its 1/tp slice to its peer and the receiving stage all-gathers the
-slices within its tensor-parallel group. The codecs and the byte counts see the slice.
+Both ends of a link build the same codec from the same config, so stateful codecs evolve
+identically, and decide compression from (sender stage, micro-batch, iteration, pp, M)
+(`CompressionPolicy`): nothing is inferred from call order and nothing extra crosses the wire.
+Payload shapes come from `codec.payload_spec`, so receive buffers need no size handshake.
+Transfers go through megatron.cc.common.transport; a send+receive batch posts both before
+waiting, so 1F1B cannot deadlock.
 """
 import time
 from dataclasses import dataclass
@@ -100,26 +90,9 @@ class ScatterGather:
 
     Tensor-parallel rank `rank` of `size` sends rows [rank S/size, (rank+1) S/size) of the
     (S, B, H) message; the receiver all-gathers the decoded slices over `group` (the stage's
-    tensor-parallel group, passed in by the driver: the library reads no parallel_state).
-
-    Why the sequence dimension (and not the hidden one, nor Megatron's flat 1-D chunks):
-    - it *is* Megatron's split: tp equal chunks of the flattened contiguous (S, B, H) tensor
-      are exactly its S/tp row blocks, so slicing is a view and the all-gather lands in the
-      full tensor with no permute or copy;
-    - every codec still gets an ordinary (S/tp, B, H) message: channel-wise things are
-      untouched (fixpoint's per-channel scales and the TAH / backward-fixpoint tiles run along
-      H, so tile counts do not depend on tp), delta caches stay per sample (sample shape
-      (S/tp, H)), CB's low-rank factors are those of the slice's (S/tp x B, H) matrix view;
-    - it is the shard sequence parallelism keeps on each tp rank, so the two compose.
-    Hidden-dim slices (S, B, H/tp) would need a strided copy to send and a permute after the
-    gather, and would make TAH's tiles (t channels each) depend on tp; their one gain, one
-    per-channel fixpoint scale per channel instead of one per slice and channel (H of them
-    per slice: +3% at S B = 128, 4 bits; ~0.1% at S = 2048), is small. CB on the slice rather
-    than on the gathered gradient: factoring the whole gradient would need collectives inside
-    PowerSGD's step; the slices' factors send r (S B + tp H) values per message over the tp
-    ranks, fewer than tp r (S B + H) without scatter-gather (docs/pipeline_compression.md).
-    It needs S % tp == 0 (the driver checks). Both ends of a link see the same slice index (a
-    link joins equal tp ranks), so per-link codec state stays consistent.
+    tensor-parallel group, passed in by the driver). The slice is a view, the gather lands in
+    the full tensor, and every codec sees an ordinary (S/tp, B, H) message (why the sequence
+    dimension: docs/pipeline_compression.md). Needs S % tp == 0 (the driver checks).
     """
     group: Any
     rank: int
@@ -147,10 +120,8 @@ class ScatterGather:
 
 
 class PendingExchange:
-    """The handles of one posted batch: wait for the send and the receive separately.
-
-    Time spent in the waits is added to the stats per channel (`<channel> wait ms` in the log
-    line): it is host time the step was blocked, measured with a clock and no device sync.
+    """The handles of one posted batch: wait for the send and the receive separately; the time
+    spent waiting is added to the channel's stats (host clock, no device sync).
     """
 
     def __init__(self, channels, send_reqs, payload, send_link, recv_reqs, recv_spec):
@@ -214,11 +185,8 @@ class PipelineChannels:
         return pending.result() if recv is not None else None
 
     def post(self, send: Optional[tuple], recv: Optional[tuple]) -> "PendingExchange":
-        """Encode and post one batch (send=(link, x, msg), recv=(link, msg)); do not wait.
-
-        The synchronous calls below are post + wait; the schedule (schedule.py) posts its
-        batches and waits when its mode says, in the same order per link, so encode/decode
-        order, the policy decisions and the byte counts do not depend on the mode.
+        """Encode and post one batch (send=(link, x, msg), recv=(link, msg)); do not wait. The
+        schedule waits when its mode says, in the same order per link in every mode.
         """
         sends, recvs, payload, recv_spec = [], [], None, None
         if send is not None:
@@ -303,12 +271,10 @@ class PipelineChannels:
 class InterleavedChannels:
     """The pipeline channels of a rank holding several model chunks (interleaved 1F1B).
 
-    `chunks[c]` holds chunk c's own links, codecs and codec state, one per direction and
-    neighbour: virtual stage c pp + r receives from c pp + r - 1 (on rank 0: the last rank's
-    chunk c - 1, over the wrap-around link) and sends to c pp + r + 1. Every batch is posted
-    through chunk 0's object (a batch may hold one chunk's send and another's receive; all
-    share the transport, stats, scatter-gather and shapes), so the byte counts sum per
-    channel over the chunk boundaries. Checkpoint state is kept per chunk.
+    `chunks[c]` holds chunk c's own links, codecs and codec state; virtual stage c pp + r
+    receives from c pp + r - 1 (on rank 0 over the wrap-around link) and sends to c pp + r + 1.
+    Every batch is posted through chunk 0's object, so byte counts sum per channel over the
+    chunk boundaries. Checkpoint state is kept per chunk.
     """
 
     def __init__(self, chunks: List[PipelineChannels]):
