@@ -1,38 +1,18 @@
 """Optimus-CC compressed backpropagation (CB) with lazy error propagation (LEP).
 
 One PowerSGD step per message, no all-reduce: the gradient x of shape (..., m) is viewed as
-M (n x m) with n = prod of all but the last dim and m = the last dim (tokens x hidden);
+M (n x m), n the product of all but the last dim;
 
     sender:   [M <- M + E]              (LEP, if error_feedback)
-              orthogonalise Q's columns; P = M Q; orthogonalise P's columns; Q <- M^T P
-              (Q persists: warm start; the same orthogonalisation before every power step)
+              orthogonalise Q; P = M Q; orthogonalise P; Q <- M^T P   (Q warm-started)
               payload = [P (n x r), Q (m x r)] in payload_dtype
-              [E <- M - P Q^T]          (from the payload as sent, so casts count as error)
+              [E <- M - P Q^T]          (from the payload as sent)
     receiver: M_hat = P Q^T
 
-    payload bytes = r * (n + m) * element_size(payload_dtype)      when r <  min(n, m)
-                  = n * m * element_size(payload_dtype)            when r >= min(n, m)
-
-Full rank (r >= min(n, m)): a rank-r factorisation then costs r(n+m) >= n*m elements, more than
-the matrix itself, so the codec sends M itself (one payload tensor, n x m). Reconstruction is
-then exact whenever payload_dtype is the gradient's dtype (the default). Which case applies is
-a function of the shape and r only, so payload_spec stays data-independent.
-
-Q (m x r, fp32) is kept per input shape (different shapes get separate Q's), initialised from a
-generator seeded with `seed` (the same for every shape, independent of call order). A column
-of the new Q that comes out exactly zero (zero gradient) keeps its previous value, so a zero
-message never kills the warm start. E is kept per input shape too; it carries over across
-micro-batches and iterations and is never sent on its own. Q and E are in state_dict.
-
-power_iters (ours; the paper's code does 1): PowerSGD does one power step per message because
-in data parallelism each step is an all-reduce; CB's sender holds the whole M, so extra steps
-(P = orth(M Q), Q = M^T P, repeated) cost local matmuls only, not bytes, and move P Q^T towards
-the best rank-r approximation of M.
-
-flush_on_uncompressed (ours, not in the paper's code): when the channel sends a message
-uncompressed (epilogue-only CB's steady phase, CB warm-up), the pending E is added to that
-message and goes out exactly, E <- 0. The reference keeps E until the next compressed send,
-where it is compressed (and partly lost) again; flushing delivers it one message later, whole.
+At r >= min(n, m) the codec sends M itself (exact in the gradient's dtype), since r (n + m)
+elements would cost more; the case depends on shape and r only. Q and E are kept per input
+shape and are in state_dict. power_iters and flush_on_uncompressed are this project's
+additions (docs/pipeline_compression.md).
 """
 from __future__ import annotations
 
@@ -44,21 +24,11 @@ from .base import Codec, parse_dtype, register
 
 
 def orthogonalize_(p: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Orthonormalise the columns of p (..., n, r) in place by Gram-Schmidt; returns p.
+    """Orthonormalise the columns of p (..., n, r) in place by Gram-Schmidt, twice; returns p.
 
-    Each column is divided by max(its norm, eps * the largest column norm of p): a column that
-    is numerically zero stays (near) zero instead of turning into NaNs, and every other column
-    is normalised exactly, as plain Gram-Schmidt / QR would. The floor is relative because
-    gradients can be tiny: activation gradients of a small model are ~1e-5 per element, and an
-    absolute eps added to the norm (the PowerSGD hook's epsilon) is then the size of the
-    residual columns themselves, which it shrinks instead of normalising: P loses rank and
-    P Q^T keeps a fraction of what rank r allows. Run it in fp32: squares of fp16 values
-    under- and overflow.
-
-    Two passes ("twice is enough"): when p has lower rank than r (a gradient of rank 3 at
-    r = 8), the columns past its rank are rounding noise after one pass, normalised to unit
-    length but not orthogonal to the others, and P P^T is then no projection (relative error
-    0.8-1.5 where the result should be exact); the second pass makes them orthogonal.
+    Each column is divided by max(its norm, eps * the largest column norm of p), so a numerically
+    zero column stays near zero and every other is normalised exactly, however small the
+    gradient. Run it in fp32.
     """
     from megatron.cc.kernels import dispatch
     # one program per matrix: worth it where launches dominate (CB's messages, small dp
@@ -156,7 +126,7 @@ class LowRankCodec(Codec):
             for _ in range(self.power_iters):
                 # Q re-orthogonalised before every P = M Q: the Q kept from the last message
                 # has columns scaled by the singular values, so M Q would be ill-conditioned
-                # and Gram-Schmidt would lose the weak directions (error 0.5-0.9 by message 3)
+                # and Gram-Schmidt would lose the weak directions
                 Q = orthogonalize_(Q.clone(), self.eps)
                 P = orthogonalize_(M @ Q, self.eps)
                 Q = M.t() @ P

@@ -1,43 +1,11 @@
-"""n-bit packing and symmetric fixpoint quantisation (AC-SGD fixpoint, CocktailSGD values,
-TAH-Quant backward tiles).
+"""n-bit packing and symmetric fixpoint quantisation: the quantiser behind AC-SGD fixpoint,
+CocktailSGD values and TAH-Quant backward tiles.
 
-Bit packing: n-bit unsigned codes (n in 1..8) are laid out as one little-endian bit stream,
-code i in stream bits [i*n, (i+1)*n), stream bit k = bit (k % 8) of byte k // 8, and the
-stream is padded with zero bits to a whole byte. `numel` codes cost exactly
-
-    packed_nbytes(numel, n) = ceil(numel * n / 8) bytes.
-
-Quantisation (one 16-bit scale S per group, every one of the 2^b codes used), by `scheme`:
-    "fitted" (ours, the default): per group, the grid and scale S with the least squared
-            error: the mid-rise symmetric grid (levels +-(k + 1/2) * step for k < 2^(b-1),
-            outermost level S, step = 2 S / (2^b - 1)) or the mid-tread grid of "seed" (an
-            exact zero level, which gradients with exact zeros want at high bits), each with
-            the best of a ladder of clipping ratios of max|x| (ratio 1 included, so never
-            worse than "absmax" or "seed") refined by three least-squares refits of the
-            step on the chosen codes. A mid-tread group stores -S: the sign bit of the
-            16-bit scale, otherwise unused, carries the choice at no cost in bytes.
-            1 bit: S = mean|x| of the group, the exact optimum of a sign quantiser.
-    "absmax": the same grid with S = max|x| (nothing clipped: |x - x_hat| <= step / 2).
-    "seed":  the seeds' grid (AC-SGD, CocktailSGD): mid-tread, codes -2^(b-1) .. 2^(b-1) - 1
-            times step = S / 2^(b-1), S = max|x| (the top code clips +S by one step);
-            1 bit: sign times the group's RMS (CocktailSGD's 1-bit buckets).
-    In every scheme x_hat = (code - c0) * step, step = |S| / lps, code = round(x / step + c0)
-    clamped to [0, 2^b - 1], with (c0, lps) from `group_grid(scales, bits, scheme)`. S is stored in 16
-    bits (float16 by default, bfloat16 option), rounded UP to the next representable value
-    (float16 saturates at 65504). Round to nearest (ties to even); stochastic rounding
-    (unbiased, from a seeded torch.Generator) keeps S = max|x| in every scheme, since a
-    clipped value cannot be rounded without bias: |x - x_hat| < step.
-
-Groups (`granularity`), for x of shape (..., C):
-    "tensor":  one scale;                                   num_scales = 1
-    "channel": per last-dim index, max over all other dims
-               (AC-SGD's per hidden channel);               num_scales = C
-    "bucket":  flattened x cut into buckets of k values
-               (CocktailSGD: k = 128);                      num_scales = ceil(numel / k)
-    "tile":    every row's last dim cut into tiles of t
-               (t a power of two; TAH backward);            num_scales = rows * ceil(C / t)
-
-The fixpoint codec (fixpoint.py) sends these codes and scales.
+n-bit codes (n in 1..8) are packed into one little-endian bit stream, padded to a whole byte:
+packed_nbytes(numel, n) = ceil(numel * n / 8). `quantize` maps x of shape (..., C) to codes and
+one 16-bit scale per group (`granularity`: "tensor", "channel", "bucket" of k or "tile" of t)
+on the grid of `scheme` ("fitted", "absmax" or "seed"). The grids and the format are set out
+in docs/quantisers.md; the fixpoint codec (fixpoint.py) sends these codes and scales.
 """
 from __future__ import annotations
 
@@ -156,9 +124,8 @@ def _from_groups(tg: torch.Tensor, granularity: str, shape) -> torch.Tensor:
 
 
 def div_rn(t: torch.Tensor, d) -> torch.Tensor:
-    """t / d correctly rounded on every device. CUDA computes tensor / Python number as
-    t * (1 / d), one ulp off now and then (seen on an H200: a code one level off at a tie);
-    the CPU and the kernels' div_rn divide. A tensor divisor keeps the division."""
+    """t / d correctly rounded on every device: CUDA computes tensor / Python number as t * (1 / d),
+    which can be one ulp off. A tensor divisor keeps the division."""
     return t / (d if torch.is_tensor(d) else torch.full_like(t, d))
 
 
@@ -175,7 +142,6 @@ SCHEMES = ("fitted", "absmax", "seed")
 # Clipping ratios of max|x| tried by "fitted" on the mid-rise grid (heavy tails want small
 # ratios; near the optimum the error is flat, so a coarse ladder and least-squares refits
 # suffice), and on the mid-tread grid, which wins only at high bits where little is clipped.
-# Measured (bench_codec_fidelity.py): 22 + 22 ratios gave the same fidelity at 2.6x the time.
 _FIT_RATIOS = (1.0, 0.97, 0.93, 0.88, 0.82, 0.75, 0.67, 0.58, 0.48, 0.38, 0.28, 0.18, 0.1)
 _TREAD_RATIOS = (1.0, 0.98)
 _FIT_REFITS = 3
@@ -256,9 +222,9 @@ def group_scales(x: torch.Tensor, bits: int, granularity: str, group_size: int =
 
 def _fit_scales(xg: torch.Tensor, red: int, bits: int, scale_dtype,
                 valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-group S minimising sum (x - x_hat)^2 (module docstring) over the entries where
-    `valid` is 1, on the mid-rise grid and on the mid-tread grid; a mid-tread winner is stored
-    negated. Candidates are compared with a select, never a host read."""
+    """Per-group S minimising sum (x - x_hat)^2 over the entries where `valid` is 1, on the mid-rise
+    and the mid-tread grid; a mid-tread winner is stored negated. Compared with a select, never a
+    host read."""
     qmax = (1 << bits) - 1
     amax = torch.maximum(xg.amin(dim=red, keepdim=True).neg(), xg.amax(dim=red, keepdim=True))
     best_s = best_err = None
