@@ -1,29 +1,11 @@
 """TAH-Quant: tile-wise adaptive Hadamard quantisation of activations (codec "tah").
 
-x of shape (..., C) is read as T = prod(shape[:-1]) tokens of C channels (our (S, B, H) or
-the paper's (B, S, C) alike). C is zero-padded to Cp = nt * t, nt tiles of t channels.
-
-1. Bit allocation: per token, p = |x| / sum|x| over C and entropy H = -sum p log p; the
-   K = round(high_ratio * T) tokens of highest entropy (ties: lower token index first) get
-   high_bits, the others low_bits. A T-bit map records the choice.
-2. Outlier tiles: a tile whose largest magnitude is >= outlier_factor (2) x its second largest
-   gets its largest element swapped to position 0, then the normalised Hadamard transform
-   H_t / sqrt(t) (fast Walsh-Hadamard). One flag bit per tile, log2(t) pivot bits per tile
-   (every tile has a pivot slot; unflagged tiles store 0).
-3. Per tile asymmetric quantisation: zero = tile min rounded DOWN to fp16,
-   scale = (max - zero) / (2^b - 1) rounded UP to fp16, code = round((v - zero) / scale).
-   Error <= scale / 2 per element in the (transformed) tile; the inverse Hadamard is
-   orthonormal, so a flagged tile's error has L2 norm <= sqrt(t) * scale / 2.
-
-Payload: ONE uint8 tensor, sections in this order (the length depends on the shape only):
-    scales fp16 (T*nt) | zeros fp16 (T*nt)   4*T*nt bytes
-    high-precision token map                 ceil(T / 8)
-    outlier flags                            ceil(T*nt / 8)
-    pivots, log2(t) bits each                ceil(T*nt*log2(t) / 8)
-    codes of the K high tokens (in order)    ceil(K*Cp*high_bits / 8)
-    codes of the T-K low tokens (in order)   ceil((T-K)*Cp*low_bits / 8)
-The backward channel of TAH-Quant is plain tile-wise fixpoint:
-get_codec("fixpoint", bits=6, granularity="tile", group_size=32).
+x of shape (..., C) is read as T tokens of C channels, C zero-padded to nt tiles of t. The
+highest-entropy tokens get high_bits, the rest low_bits; outlier tiles get a pivot swap and a
+normalised Hadamard transform; every tile is quantised with an fp16 zero and scale.
+Payload: ONE uint8 tensor, its length a function of the shape (`_sections`): fp16 scales and
+zeros | token map | outlier flags | pivots | high tokens' codes | low tokens' codes.
+The algorithm is set out in docs/quantisers.md.
 """
 from __future__ import annotations
 
@@ -77,7 +59,7 @@ def _allocate(a: torch.Tensor, high_ratio: float) -> tuple[torch.Tensor, torch.T
     k = int(math.floor(high_ratio * a.shape[0] + 0.5))
     order = torch.sort(entropy, descending=True, stable=True).indices
     # index_fill_ takes the value as a kernel argument; `high[idx] = True` copies a host
-    # scalar to the GPU first (a host sync on CUDA, seen on an H200)
+    # scalar to the GPU first (a host sync on CUDA)
     high = torch.zeros(a.shape[0], dtype=torch.bool, device=a.device).index_fill_(
         0, order[:k], True)
     return high, _split_order(high)
@@ -251,9 +233,8 @@ def _round_down16(v: torch.Tensor) -> torch.Tensor:
 
 
 def _transform_flagged(tiles: torch.Tensor, flags: torch.Tensor, pivots: torch.Tensor):
-    """Pivot swap + Hadamard on the flagged tiles of (T, nt, t). Every tile is transformed and
-    a select keeps the flagged ones: gathering only those would need their count on the host.
-    Row by row the arithmetic is the same, so the result equals the gathered version."""
+    """Pivot swap + Hadamard on the flagged tiles of (T, nt, t): every tile is transformed and a
+    select keeps the flagged ones, since gathering only those would need their count on the host."""
     t = tiles.shape[-1]
     moved = fwht(swap_pivot_(tiles.reshape(-1, t).clone(), pivots.reshape(-1)))
     return torch.where(flags[..., None], moved.view(tiles.shape), tiles)

@@ -1,17 +1,10 @@
 """The exact dp and emb channels, and GradSync, which runs one of each after backward.
 
-dp: megatron-core's DDP grad buffers, all-reduced bucket by bucket. The buffers hold each
-replica's local gradient; megatron scales a bucket by 1/dp just before its SUM all-reduce,
-so the result is the replica average.
-emb: the tied word-embedding gradient summed between the first and last stage (Megatron's
-embedding group), so both copies of the weight take the same step.
-Compressed dp modes (selective PowerSGD, ...) and the fused emb mode replace these objects;
-GradSync itself does not change.
-
-With fused embedding sync (FE) the tied embedding gradient must stay out of the dp all-reduce:
-`allreduce_buckets` then all-reduces each bucket's grad_data minus that parameter's slice,
-as (at most two) contiguous views of the buffer itself -- no copy, and the embedding's bytes
-never cross the dp group.
+dp: megatron-core's DDP grad buffers, all-reduced bucket by bucket to the replica average.
+emb: the tied word-embedding gradient summed between the first and last stage, so both
+copies take the same step. Compressed dp modes and the fused emb mode replace these objects;
+GradSync does not change. With fused embedding sync the embedding's slice is left out of the
+dp all-reduce (`allreduce_buckets`, zero-copy views).
 """
 import time
 
@@ -50,20 +43,18 @@ def check_ddp_supported(model, why: str = "compressed / fused gradient sync") ->
 
 
 def param_gather_bytes(model) -> int:
-    """What megatron-core's distributed optimizer all-gathers after the step (the updated
-    parameters, exact) when one of our channels reduced the grads instead of its
-    reduce-scatter: half an all-reduce of the parameter buffers, the channel's unit (its own
-    reduce-scatter + all-gather is counted as the one all-reduce of the grads)."""
+    """Bytes megatron-core's distributed optimizer all-gathers after the step (the updated
+    parameters) when one of our channels reduced the grads: half an all-reduce of the parameter
+    buffers."""
     if not model.ddp_config.use_distributed_optimizer:
         return 0
     return sum(b.param_data.numel() * b.param_data.element_size() for b in model.buffers) // 2
 
 
 def coalescing_refused(model, group) -> bool:
-    """True when megatron DDP's own sync would fail: it wraps the bucket all-reduces in
-    torch's `_coalescing_manager`, which gloo turns into `allreduce_coalesced`, and gloo
-    refuses CUDA tensors there ("unsupported device type cuda"). Plain all-reduces of CUDA
-    tensors gloo does take (it stages them itself), so those buckets go one call each."""
+    """True when megatron DDP's own sync would fail: gloo refuses CUDA tensors in the
+    `allreduce_coalesced` that torch's `_coalescing_manager` becomes, but takes them in plain
+    all-reduces, so those buckets go one call each."""
     return dist.get_backend(group) == "gloo" and any(b.grad_data.is_cuda for b in model.buffers)
 
 

@@ -1,19 +1,10 @@
-"""Fixpoint codec kernels (quant.py's format): scales, quantise + pack, unpack + dequantise.
+"""Fixpoint codec kernels (quant.py's format): group scales, quantise + pack, unpack +
+dequantise, each bit-identical to the eager code.
 
-    group_scales       channel groups (whole columns): the rows are split over programs too;
-                       one pass per stage writes per-block partials, a small kernel adds
-                       them (max |x|: 2 launches; "fitted": 2 + 2 + 2 * (1 + refits), both
-                       grids at once, so the message is read 3 + refits times).
-                       Runs of values (bucket, tile): one program per block of groups, every
-                       candidate of the search looping over its groups' values.
-                       Sums in group_sums' order; store_scale's round-up in the kernel.
-    quantize_pack      one pass: x / step + c0, round half even, clamp, 8 codes -> `bits` bytes
-    unpack_dequantize  one pass: `bits` bytes -> 8 codes -> (code - c0) * step -> dtype
-
-Groups (quant.py): "channel" = columns of x viewed (rows, C); "bucket" = runs of g values of
-the flat x; "tile" = runs of g values inside each row; "tensor" = the whole x. Inputs are read
-as fp32 from fp32 / bf16 / fp16; scales are stored as 16-bit patterns (fp16 or bf16).
-"tensor" scales that need a sum (fitted, 1 bit) stay eager: one group is one program.
+Channel groups split the rows over programs too (per-block partials, then a small reduction
+kernel); bucket and tile groups run one program per block of groups. Inputs are read as fp32
+from fp32 / bf16 / fp16; scales are stored as 16-bit patterns. "tensor" scales that need a sum
+stay eager: one group would be one program.
 """
 from __future__ import annotations
 
@@ -411,11 +402,8 @@ def column_sums(x: torch.Tensor, squares: bool = False) -> torch.Tensor:
 
 
 def _ratios(device) -> tuple[torch.Tensor, int, int]:
-    """(ratios, n_rise, n_tread): the clipping ladders of quant._fit_scales for the mid-rise
-    grid (_FIT_RATIOS) then the mid-tread grid (_TREAD_RATIOS), each
-    as [1, ladder[1:]] (the first candidate is max|x| itself, whatever ladder[0] says), fp32
-    on `device`. Read at call time, so edits of the module constants apply; cached per
-    (device, values): no host-to-device copy per message."""
+    """(ratios, n_rise, n_tread): quant._fit_scales's clipping ladders for the mid-rise then the
+    mid-tread grid, each as [1, ladder[1:]], fp32 on `device`; cached per (device, values)."""
     rise = tuple(quant._FIT_RATIOS)
     tread = tuple(quant._TREAD_RATIOS)
     key = (str(device), rise, tread)

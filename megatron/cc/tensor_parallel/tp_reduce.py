@@ -2,34 +2,11 @@
 layers all-reduce, counted, and compressed on request (Optimus-CC's --mp_acti_comp and
 --mp_grad_comp).
 
-A site is one all-reduce of one layer in one direction (the driver attaches them to the model,
-megatron/training/compression/tp_channel.py): `forward_sum` for a row-parallel layer's partial outputs,
-`backward_sum` for a column-parallel layer's shares of its input gradient, `count` for the
-all-reduces megatron-core makes itself (vocab-parallel embedding and cross entropy: bytes only).
-
-Compression (PowerSGD, summed over the group): the message as a (tokens, hidden) fp32 matrix
-M; P = M Q all-reduced and orthonormalised, Q' = M^T P all-reduced; the sum is approximated by
-P Q'^T, the projection of the exact sum onto span(P). Q is warm-started per site and
-orthonormalised before reuse (as CB does). No error feedback: consecutive messages of a site
-belong to different micro-batches (other samples), so a residual carried over adds one
-sample's error to another's activations; it made the gap larger, not smaller
-(docs/embedding_and_tensor_parallel.md). During the warm-up, and where (n + m) r >= n m, the
-sum is exact; validation passes (no grad) are exact and not
-counted, as on the pipeline channels. Bytes per rank: P and Q in fp32, against the message in
-its own dtype.
-
-Sequence parallelism (megatron-core's, --sequence-parallel): between the tensor-parallel
-regions each rank holds a (S/t, B, H) block of the sequence, so the row-parallel sums become
-reduce-scatters (`forward_scatter`, its backward an all-gather, `backward_gather`) and the
-column-parallel layers all-gather their input (megatron-core's own, `count`ed). An all-gather or
-a reduce-scatter of a tensor of n bytes counts n/2 (`gathered_bytes`): in a ring it moves half
-of what an all-reduce of the same tensor moves, at every group size, so the unit stays "an
-all-reduce of that many bytes" and all-reduce = reduce-scatter + all-gather holds in the
-counts. Compressed, a reduce-scatter is the same PowerSGD as the all-reduce (P and Q
-all-reduced whole: orthonormalising P and Q' = M^T P need every row), of which the rank keeps
-its block of rows: the sum it gets is exactly the non-sequence-parallel channel's, but the bytes
-saved halve (the uncompressed reduce-scatter costs half an all-reduce). The norms' weights and
-the row-parallel biases see only the rank's block: `sum_grads` all-reduces their gradients.
+A site is one all-reduce of one layer in one direction: `forward_sum` (row-parallel partial
+outputs), `backward_sum` (column-parallel input-gradient shares), `count` (megatron-core's own,
+bytes only); with sequence parallelism `forward_scatter` and `backward_gather`. Compression is
+warm-started PowerSGD with P and Q all-reduced in fp32 and no error feedback; an all-gather or
+reduce-scatter counts half its bytes. See docs/embedding_and_tensor_parallel.md.
 """
 from dataclasses import dataclass
 from typing import Dict, Optional
