@@ -1,28 +1,15 @@
 """Randomized SVD (Halko, Martinsson & Tropp 2011): the CB codec 'rsvd' and its shared pieces.
 
-Optimus-CC's `--grad_comp_type RandomizedSVD` / `--inter_grad_comp_type`: where PowerSGD
-warm-starts Q from the previous message, a randomized SVD starts every message from a fresh
-Gaussian test matrix Omega (m x r):
+Every message starts from a fresh Gaussian test matrix Omega (m x r), not a warm-started Q:
 
     Y = M Omega;  P = orth(Y)                      range finder
     repeat `niter` times: P = orth(M orth(M^T P))  subspace (power) iterations
-    B = M^T P;    M_hat = P B^T                    = P P^T M, M projected on range(P)
+    B = M^T P;    M_hat = P B^T                    payload (P, B): r (n + m) values
 
-P P^T M is the rank-r truncated SVD's reconstruction when Omega captures the top-r subspace,
-and within a small factor of it in expectation otherwise (Halko et al. Thm. 10.5; tested).
-The payload is (P, B): r (n + m) values, the bytes of the 'lowrank' codec at the same rank.
-
-Omega is never stored: it is drawn from a generator on the message's device seeded with
-(seed, iteration, micro-batch), so it is reproducible after a resume without any state and the
-same on every rank that draws it with the same numbers (`seeded_gaussian`). CPU and CUDA
-generators produce different numbers: a run is reproducible on the same kind of device.
-
-`orthogonalize_` (lowrank.py) is Gram-Schmidt run twice ("twice is enough", Giraud et al.
-2005): a randomized range finder sees rank-deficient Y whenever M's rank is below r (small models,
-sparse embedding gradients), and one pass of Gram-Schmidt then normalises rounding noise into
-columns that are far from orthogonal to the others, so P P^T M double-counts; the second pass
-makes them orthogonal to rounding, and P P^T M equals M to float rounding. Elementwise ops and
-matmuls only: no host sync, unlike a LAPACK QR whose CUDA path may check its info flag.
+Omega is drawn from a generator on the message's device seeded with (seed, iteration,
+micro-batch) (`seeded_gaussian`): no state, and reproducible on the same kind of device.
+Gram-Schmidt runs twice (lowrank.orthogonalize_) because Y is rank-deficient whenever M's rank
+is below r. See docs/pipeline_compression.md.
 """
 from __future__ import annotations
 
@@ -70,12 +57,8 @@ def range_and_coefficients(M: torch.Tensor, omega: torch.Tensor, niter: int, eps
 class RandomizedSVDCodec(LowRankCodec):
     """CB with a randomized SVD per message (`--inter-grad-comp-type RandomizedSVD`), with LEP.
 
-    The keyword arguments are the 'lowrank' codec's, with the same meaning, so the CB wiring
-    builds either: rank r, error_feedback (LEP: the sender keeps E = M - P B^T and adds it to
-    the next message of that shape), payload_dtype, seed (of every Omega), eps,
-    flush_on_uncompressed, power_iters (matmul pairs per message: 1 = range finder only,
-    like PowerSGD's one step; each extra is one subspace iteration; no bytes).
-    Full rank (r >= min(n, m)): M itself is sent, as 'lowrank' does.
+    The keyword arguments are the 'lowrank' codec's, with the same meaning; power_iters counts
+    matmul pairs per message (1 = range finder only). Full rank (r >= min(n, m)) sends M itself.
     State: E per message shape (and the seed, checked on load).
     """
 

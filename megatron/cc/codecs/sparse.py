@@ -1,25 +1,15 @@
 """CocktailSGD compression of a flat tensor: random rolling mask -> top-k -> b-bit values.
 
-For a tensor of `numel` values at step `step` (stride = round(1 / random_ratio)):
-1. Random rolling subset: positions offset + stride * i, i = 0 .. n_rand - 1, with
-   n_rand = ceil(numel / stride) and offset = (seed + step) % stride. Every replica computes
-   it from (numel, step) alone. With offset > 0 the last slot may fall past the end; it is
-   then a pad that is never selected unless k exceeds the real entries (and is dropped then).
-2. Top-k by magnitude inside the subset, k = min(n_rand, max(1, round(topk_ratio * n_rand))),
-   sent as an n_rand-bit mask over the subset.
-3. The k kept values, in subset order, quantised to `bits` bits (quant.py's `scheme`: every
-   code used, a least-squares scale by default; 1 bit = sign x mean|v|) with one 16-bit
-   scale per bucket of `bucket_size` (128) values, optional stochastic rounding.
+At step `step` (stride = round(1 / random_ratio)) the subset is positions offset + stride i,
+n_rand = ceil(numel / stride) of them, offset = (seed + step) % stride: every replica computes
+it from (numel, step). Top-k by magnitude inside it, k = min(n_rand, max(1, round(topk_ratio
+n_rand))), goes as an n_rand-bit mask (empty when k = n_rand), and the kept values as `bits`-bit
+codes with one 16-bit scale per bucket (quant.py).
 
-Payload (fixed by numel alone):
-    [mask uint8 (ceil(n_rand/8),), codes uint8 (ceil(k*bits/8),), scales fp16 (ceil(k/bucket),)]
-    bytes = ceil(n_rand/8) + ceil(k*bits/8) + 2*ceil(k/bucket_size)
-When k = n_rand (top-k ratio 1: every sampled entry kept) the mask would be all ones: it is
-sent empty (0 bytes), which at 2 bits per value halves what a sampled entry costs.
-
-Decompression gives the dense flat tensor: kept values at their positions, zeros elsewhere.
-The sender can call `decompress` on its own payload to learn exactly what it sent
-(CocktailSGD keeps the rest in its parameters as implicit error feedback).
+Payload, fixed by numel: [mask uint8 (ceil(n_rand/8),), codes uint8 (ceil(k*bits/8),),
+scales (ceil(k/bucket_size),)].
+`decompress` gives the dense flat tensor; the sender can call it on its own payload to learn
+exactly what it sent (CocktailSGD's implicit error feedback).
 """
 from __future__ import annotations
 

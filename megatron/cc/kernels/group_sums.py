@@ -1,24 +1,12 @@
 """The summation order of the scale kernels, in torch: what their sums are defined to be.
 
-Sums of floats depend on their order, and torch's own order differs between devices and
-vectorisation widths, so a kernel cannot reproduce `tensor.sum()` bit for bit. The kernels'
-group sums (fitted-scale search, 1-bit mean |x| and RMS scales) use these fixed orders instead:
-
-  runs of consecutive values (tensor, bucket, tile groups; lowrank's column sums):
-    lanes(layout, g): L = min(next_pow2(g), LANES_MAX[layout])
-    a group of g values (quant._to_groups' layout) is read in chunks of L; lane l accumulates,
-    chunk after chunk from 0.0, the term of every position c * L + l (0.0 for the zero
-    padding of a last bucket / tile, which quant.py excludes from the fit and the counts);
-    the L lane totals are then added by adjacent pairs, level by level (a balanced tree).
-  channel groups (columns of the (rows, C) view), whose rows are split over programs:
-    the rows are cut into blocks of COL_BLOCK_ROWS; inside a block, lane l of COL_LANES
-    accumulates the rows c * COL_LANES + l as above, the lanes are added by the tree; the
-    block totals, padded with 0.0 to a power of two, are added by the tree too.
-
-Everything else in the search (candidate order, fp32 operations, store_scale) is quant.py's.
-`fit_scales` and `mean_scales` below are the torch twins that the kernels equal bit for bit
-(tests/cc/kernels); they equal quant.group_scales up to summation order (same scale in all but
-near-tied groups; the tests bound how often and by how much).
+A float sum depends on its order, and torch's order differs between devices, so the kernels'
+group sums use fixed orders instead. Runs of consecutive values (tensor, bucket, tile groups;
+lowrank's column sums): lane l of L = lanes(layout, g) accumulates positions c L + l from 0.0
+(zero padding adds 0.0), then the lanes are added by a balanced tree. Channel groups: rows in
+blocks of COL_BLOCK_ROWS, each summed with COL_LANES lanes as above, the block totals (padded
+to a power of two) by the tree. `fit_scales` and `mean_scales` are the torch twins the kernels
+equal bit for bit; they equal quant.group_scales up to summation order.
 """
 from __future__ import annotations
 
@@ -45,9 +33,8 @@ def lanes(granularity: str, g: int) -> int:
 
 
 def sqrt_rn(v: torch.Tensor) -> torch.Tensor:
-    """Correctly rounded fp32 square root (the kernels' sqrt_rn): torch's CPU float sqrt is
-    not (measured: ~17% of random inputs one ulp off); fp64 then fp32 is (p = 53 >= 2 * 24 + 2,
-    so the double rounding is innocuous)."""
+    """Correctly rounded fp32 square root (the kernels' sqrt_rn): torch's CPU float sqrt is not;
+    fp64 then fp32 is (p = 53 >= 2 * 24 + 2, so the double rounding is innocuous)."""
     return v.double().sqrt().float()
 
 

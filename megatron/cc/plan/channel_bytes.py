@@ -1,19 +1,15 @@
 """Bytes per iteration per channel, summed over every rank: what the training log line prints.
 
-The log line (megatron/cc/common/stats.py) sums, over all ranks, each channel's `sent` (payload numel x
-element size) and `raw` (the same messages uncompressed) and divides by the iterations of the
-interval. This module predicts those sums for one iteration from the model shape, the layout
-and the CompressionConfig, through the same size formulas the channels count with: the codecs'
-`payload_nbytes` (pp-fwd, pp-bwd), megatron.cc.pipeline.policy's compression decisions, and the dp/emb
-reducers' own rules (dp_bytes.py). Evaluation traffic is not counted, as in the log line.
+Predicts the log line's `sent` and `raw` sums (megatron/cc/common/stats.py) for one iteration
+from the model shape, the layout and the CompressionConfig, through the channels' own size
+formulas: the codecs' `payload_nbytes`, megatron.cc.pipeline.policy's decisions and the dp/emb
+reducers' rules (dp_bytes.py). Evaluation traffic is not counted.
 
-    totals = channel_bytes(shape, layout, compression)            # steady state
+    totals = channel_bytes(shape, layout, compression)               # steady state
     totals = channel_bytes(shape, layout, compression, iteration=0)  # one given iteration
     totals["pp-fwd"] == {"sent": ..., "raw": ..., "messages": ...}
 
-`iteration=None` is the steady state: every warm-up over; DiLoCo-style modes, which sync a
-fragment every H/F steps, are averaged over their H-step period (what a log interval that is a
-multiple of H/F prints).
+The steady state has every warm-up over and averages DiLoCo-style modes over their H-step period.
 """
 from typing import Dict, Optional
 
@@ -47,9 +43,8 @@ def activation_message(m: ModelShape, layout: Layout):
 
 def _pp_bytes(m, layout, c, channel, iteration, warm: int) -> Dict[str, float]:
     """Every sending virtual stage (chunk v // pp of rank v % pp) sends each micro-batch's
-    activation forward (pp-fwd) or input gradient back (pp-bwd), on every tp rank/replica
-    (with scatter-gather each tp rank its 1/tp slice: activation_message); which messages the
-    codec compresses is its plug-in's policy (warm-ups, CB's epilogue-only), as on the link."""
+    activation forward (pp-fwd) or input gradient back (pp-bwd) on every tp rank and replica;
+    the plug-in's policy decides which are compressed, as on the link."""
     shape, dtype, raw = activation_message(m, layout)
     codec, M, pp, vp = pp_codec(c, channel), layout.num_microbatches, layout.pp, \
         layout.virtual_stages
@@ -87,10 +82,9 @@ def emb_bytes(m, layout, c, iteration) -> Optional[Dict[str, float]]:
 
 
 def tp_bytes(m, layout, c, iteration) -> Optional[Dict[str, float]]:
-    """The tensor-parallel sums (megatron/cc/tensor_parallel/tp_reduce.py, the driver's tp_channel.py), on
-    every tp rank of every replica, per micro-batch: per layer two row-parallel outputs
-    (--mp-acti-comp) and two column-parallel input gradients (--mp-grad-comp), all (S, B, H);
-    the output layer's input gradient (--mp-grad-comp), the embedding lookup and cross
+    """The tensor-parallel sums (megatron/cc/tensor_parallel/tp_reduce.py) per micro-batch, on every
+    tp rank of every replica: per layer two row-parallel outputs and two column-parallel input
+    gradients, all (S, B, H); the output layer's input gradient, the embedding lookup and cross
     entropy's three (B, S) fp32 tensors (exact)."""
     if layout.tp < 2:
         return None
@@ -117,13 +111,10 @@ def tp_bytes(m, layout, c, iteration) -> Optional[Dict[str, float]]:
 
 
 def _tp_bytes_sequence_parallel(m, layout, c, raw: int, compressed_fwd) -> Dict[str, float]:
-    """tp_bytes with --sequence-parallel (megatron/training/compression/tp_channel.py's table; an
-    all-gather or reduce-scatter of an (S, B, H) tensor counts raw / 2, tp_reduce's unit), per
-    micro-batch: each row-parallel layer a reduce-scatter (or --mp-acti-comp's P and Q) and
-    its gradient's all-gather; each column-parallel layer (2 per layer and the output layer)
-    an all-gather forward, a re-gather and a reduce-scatter backward; the embedding's lookup
-    (an all-reduce, with rope a reduce-scatter) and its gradient's all-gather; cross entropy.
-    Per step, sum_grads: the norms' and row-parallel biases' gradients, fp32."""
+    """tp_bytes with --sequence-parallel (megatron/training/compression/tp_channel.py's table): an
+    all-gather or reduce-scatter of an (S, B, H) tensor counts raw / 2. Per micro-batch, the
+    row-parallel reduce-scatters and their gradients' all-gathers, the column-parallel gathers
+    and reduce-scatters, the embedding's and cross entropy's; per step, sum_grads (fp32)."""
     if c.mp_grad_comp:
         raise ValueError("--mp-grad-comp is refused with --sequence-parallel (see the driver)")
     half = raw // 2

@@ -139,7 +139,8 @@ def with_codecs(bare, codec: float):
 def overlapped_period(slots, c_f: float, c_b: float) -> float:
     """Steady-state time per micro-batch of overlapped non-interleaved 1F1B, from each stage's
     compute per micro-batch and one message's time each way:
-    max(slot_(s+1), (c_f + c_b + slot_s + slot_(s+1)) / 2), bounded below by each slot and message."""
+    max(slot_(s+1), (c_f + c_b + slot_s + slot_(s+1)) / 2), bounded below by each slot and
+    message."""
     chains = [(c_f + c_b + a + b) / 2 for a, b in zip(slots, slots[1:])]
     return max(max(slots), c_f, c_b, *chains)
 
