@@ -1,22 +1,13 @@
 """SparseLoCo's codec (Sarfi et al. 2025): top-k per chunk, compact indices, b-bit values.
 
-A flat vector of n values is cut into m = ceil(n / C) chunks of C values (the last one
-zero-padded; a pad never wins against a real entry). In every chunk the k entries of largest
-magnitude are kept, k = min(C, max(1, round(density * C))):
+A flat vector of n values is cut into m = ceil(n / C) chunks of C (the last zero-padded; a pad
+never wins). Each chunk keeps its k = min(C, max(1, round(density * C))) largest-magnitude
+entries: their positions in ascending order, i = ceil(log2 C) bits each, and their values as
+`bits`-bit codes with one 16-bit scale per chunk (quant.py), all bit-packed.
 
-    indices  the position of each kept entry inside its chunk, in ceil(log2 C) bits (12 for
-             C = 4096), in ascending order, bit-packed as one little-endian bit stream;
-    values   the k kept values of a chunk share one 16-bit scale and are quantised to `bits`
-             bits (quant.py's `scheme`, 2 bits by default: SparseLoCo's 2-bit values), packed.
-
-Payload (fixed by n alone), with i = ceil(log2 C):
-    [indices uint8 (ceil(m*k*i/8),), codes uint8 (ceil(m*k*bits/8),), scales fp16 (m,)]
-    bytes(n) = ceil(m*k*i / 8) + ceil(m*k*bits / 8) + 2*m
-When k = C (density 1) every entry is kept in order: no indices are sent (0 bytes).
-
-Decompression gives the dense flat tensor: kept values at their positions, zeros elsewhere.
-The sender decodes its own payload to learn exactly what it sent (error feedback).
-Every step is a fixed-size tensor op (topk, gather, scatter): no host syncs.
+Payload, fixed by n: [indices uint8 (ceil(m*k*i/8),), codes uint8 (ceil(m*k*bits/8),),
+scales fp16 (m,)]; at k = C no indices are sent. Decompression gives the dense flat tensor;
+the sender decodes its own payload to learn what it sent (error feedback). No host syncs.
 """
 from __future__ import annotations
 

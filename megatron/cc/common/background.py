@@ -1,32 +1,11 @@
 """A call on a background thread whose exception resurfaces on the thread that collects it.
 
 The dp exchanges (CocktailSGD, DiLoCo with a sync delay) and the asynchronous checkpoint writer
-run one job at a time beside training; a failure there must stop training at the point that
-needs the result, not die silently in a daemon thread.
-
-On a GPU (CUDA initialised by the creating thread) the call runs where its creator runs:
-- the creator's CUDA device is set in the thread (a new thread starts on device 0, so rank r's
-  job would otherwise allocate on, and launch collectives from, another rank's GPU);
-- it runs on a stream of its own, which first waits for the work the creator's stream had
-  queued at construction (the job's inputs), and is synchronised before the call reports done:
-  wait()/result() return device-complete results, and the tensors it hands back (its value,
-  and what it filled into its arguments) are recorded on the creator's stream, where they are
-  used next (freed, their memory is not reused before that stream's work on them is done).
-
-The ordering hazard of collectives from two threads, and how it is kept out:
-- two threads issuing collectives on one group could interleave differently on different ranks
-  (NCCL: mismatched operations, a hang). Every background channel therefore gets a process
-  group of its own, used by no other thread: megatron.cc.grad_sync.groups.clone_groups
-  (CocktailSGD with overlap, DiLoCo with a sync delay; checked by tests/cc/test_background_groups.py);
-- were the job on the creator's stream, the creator's later NCCL work would queue behind the
-  background collective's completion, and ranks that queued the two in different orders would
-  wait on each other's (a cross-communicator deadlock): the job's own stream, waiting on the
-  creator only for what was queued before the job existed, never makes the creator's stream
-  wait on it;
-- what remains is NCCL's own caveat: kernels of two communicators in flight at once must fit
-  on the GPU together. CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue for all streams) can
-  serialise them in different orders on different ranks: not set by this project; with it set,
-  run these modes without their background thread (--cocktail-no-overlap, no sync delay).
+run one job at a time beside training; a failure there must stop training where the result is
+needed. On a GPU the call runs on its creator's device and on a stream of its own that waits
+for the creator's queued work; its results come back on the creator's stream. Each background
+channel needs a process group of its own (megatron.cc.grad_sync.groups.clone_groups). Why:
+docs/data_parallel.md, "Background exchanges".
 """
 import threading
 from typing import Any, Callable, Optional
@@ -76,7 +55,7 @@ class BackgroundCall:
     wait() joins; result() joins and returns fn's value, or raises
     RuntimeError(f"{what}: {error}") from the error fn raised (once: a second result() after
     a raise returns None). Results may also come back through arguments fn fills in
-    (DiLoCo's job dict); on a GPU both are collected on the creator's stream (module docstring).
+    (DiLoCo's job dict); on a GPU both are collected on the creator's stream.
     """
 
     def __init__(self, what: str, fn: Callable, *args, name: Optional[str] = None):

@@ -43,10 +43,7 @@ def is_critical_backward_send(sender_stage: int, microbatch: int, pp: int,
                               num_microbatches: int) -> bool:
     """Optimus-CC epilogue-only CB: is the backward send of `microbatch` by `sender_stage` on
     1F1B's critical path, i.e. the last send of the steady phase or any cool-down send?
-
-    The sender runs `remaining = M - warmup` steady iterations, each ending with one backward
-    send (micro-batches 0 .. remaining-1), then `warmup` cool-down sends. When M is smaller
-    than the warm-up depth there is no steady phase and every send is in the cool-down.
+    (With M below the warm-up depth every send is in the cool-down.)
     """
     remaining = num_microbatches - num_warmup_microbatches(sender_stage, pp, num_microbatches)
     return microbatch >= remaining - 1
@@ -54,15 +51,9 @@ def is_critical_backward_send(sender_stage: int, microbatch: int, pp: int,
 
 def is_critical_interleaved_send(sender_stage: int, sender_chunk: int, microbatch: int,
                                  pp: int, vp: int, num_microbatches: int) -> bool:
-    """Epilogue-only CB under interleaving, decided per chunk boundary.
-
-    The rule (the same as 1F1B's, over the sender's whole op list): a backward send is on the
-    critical path when the sender computes it as the last backward of its steady phase or in
-    its cool-down, i.e. when no forward of the sender follows it to hide the transfer. The
-    sender's backwards run in `interleaved_backward` order (all its chunks in one list); with
-    W = num_warmup_interleaved its steady phase holds the first M vp - W of them. So with
-    several chunks per rank, "epilogue" is the tail of the rank's backward list, which
-    spans chunk boundaries: the last chunks' last micro-batches, not each chunk's last one.
+    """Epilogue-only CB under interleaving: 1F1B's rule over the sender's whole op list. A backward
+    send is critical when the sender computes it as the last backward of its steady phase (the
+    first M vp - W of its backwards, in `interleaved_backward` order) or in its cool-down.
     """
     order = interleaved_backward(num_microbatches, vp, pp)
     k = order.index((sender_chunk, microbatch))

@@ -3,23 +3,16 @@
 A codec-speeds file is one JSON object. The planner reads "codec_throughput_gbs"; the other
 keys say where the numbers come from:
 
-    {"device": "NVIDIA H200", "torch": "2.11.0+cu130",
-     "measured": {"command": "...", "date": "2026-11-26"},   what took the timings
-     "statistic": "...",                                     how rows became one number
-     "codec_throughput_gbs": {"fixpoint": 22.7, ...},        the planner's table (GB/s)
+    {"device": ..., "torch": ...,
+     "measured": {"command": ..., "date": ...},           what took the timings
+     "statistic": "...",                                  how rows became one number
+     "codec_throughput_gbs": {"fixpoint": ..., ...},      the planner's table (GB/s)
      "rows": {"fixpoint": [{"label", "shape", "dtype", "gbs"}, ...], ...},
-     "derived": {"powersgd": "lowrank: ...", ...}}           codecs with no row of their own
+     "derived": {"powersgd": "lowrank: ...", ...}}        codecs with no row of their own
 
-Throughput = uncompressed bytes / (encode + decode time), in GB/s, as step_time.py charges
-codec time (`codec_seconds`): the bytes the message would have had uncompressed (for the
-subspace coefficients, the hidden-size-wide activation they stand for). One codec's number is
-the median of its rows (bench_gpu.py: the Optimus-CC Fig. 14 shapes in bf16 and fp32; the
-data-parallel codecs on one parameter bucket). A planner codec without rows takes a related
-codec's number (DERIVED), and the file says so.
-
-bench/bench_gpu.py --json writes these keys beside its own tables, so a fresh measurement is
-a codec-speeds file as it is (tools/plan_compression.py plan --codec-speeds FILE).
-codec_speeds_h200.json, next to this module, is the default GPU table (step_time.py).
+Throughput = uncompressed bytes / (encode + decode time), as step_time.py charges codec time;
+one codec's number is the median of its rows, and a codec without rows takes a related one's
+(DERIVED). bench/bench_gpu.py --json writes such a file; codec_speeds_h200.json is the default.
 """
 import json
 import math
@@ -62,9 +55,9 @@ def _cast_gbs(row: Mapping) -> float:
 
 
 def summarize(rows: Iterable[Mapping]) -> Dict:
-    """The file's "statistic", "codec_throughput_gbs", "rows" and "derived" from measured rows,
-    each a mapping with codec (the planner's name), label, shape, dtype, raw_bytes,
-    input_bytes, encode_ms, decode_ms and copy_ms. Rows with a NaN time are left out."""
+    """The file's "statistic", "codec_throughput_gbs", "rows" and "derived" from measured rows
+    (mappings with codec, label, shape, dtype, raw_bytes, input_bytes, encode_ms, decode_ms,
+    copy_ms); rows with a NaN time are left out."""
     rows = [r for r in rows if not (math.isnan(r["encode_ms"]) or math.isnan(r["decode_ms"]))]
     per: Dict[str, List[Dict]] = {}
     for r in rows:
