@@ -1,23 +1,12 @@
 """AC-SGD delta step (codecs/delta.py) with the cache update fused into the quantisation.
 
-For a message x (S, B, H) and the cached c of its samples (fp32, any strides, e.g. the
-(S, B, H) view that DeltaCodec.encode holds):
-
-    encode_update   sender:   d = x - c; scales of d (fixpoint kernel); then ONE pass writes
-                    the packed codes of d and c <- c + deQ(codes) (in place, as delta.py's
-                    `prev.add_`): eager quantise + pack + dequantise + add is ~25 launches.
-    decode_update   receiver: ONE pass unpacks, dequantises and adds c: x_hat (fp32).
-
+For a message x (S, B, H) and the cached c of its samples (fp32, any strides):
+    encode_update   sender:   d = x - c; scales of d; ONE pass writes the packed codes of d
+                    and c <- c + deQ(codes) in place
+    decode_update   receiver: ONE pass unpacks, dequantises and adds c: x_hat (fp32)
 Both ends compute c + deQ with the same fp32 operations (no FMA: dispatch.LAUNCH), so their
-caches stay bit-identical, and identical to the eager path's for the same scales (absmax;
-fitted scales follow kernels/group_sums.py's summation order on CUDA).
-
-Wired into codecs/delta.py (DeltaCodec.encode / decode call these; on CPU tensors they run
-DeltaCodec's former eager lines):
-
-    payload, new = delta.encode_update(x, prev, self.q)
-    x_hat = delta.decode_update(payload, prev, self.q, shape)
-Stochastic rounding (q.rng) stays eager: the kernels round to nearest.
+caches stay bit-identical. On CPU tensors these run the eager steps; stochastic rounding (q.rng)
+stays eager.
 """
 from __future__ import annotations
 

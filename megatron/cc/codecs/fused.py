@@ -1,16 +1,10 @@
 """Fixpoint encode / decode: Triton kernels for CUDA messages, the eager functions elsewhere.
 
-The eager functions in quant.py are the reference and run on the CPU (and wherever triton is
-missing). On a CUDA tensor megatron/cc/kernels/fixpoint.py does the same work in three launches
-(scales, quantise + pack, unpack + dequantise) instead of dozens of small ones: payload bytes
-and decodes are bit-identical to the eager path; "fitted" and 1-bit scales sum in the order of
-megatron/cc/kernels/group_sums.py (torch's own order differs by device, so they can differ
-from the eager scales in the last bit of a near-tied candidate comparison).
-
-`pack_bits` / `unpack_bits` are quant.py's, dispatched the same way: drop-in replacements for
-the other codecs' bit streams (cocktail's mask and values, TAH's maps, the low-bit cache).
-
-MEGATRON_CC_FUSED=0 turns the kernels off (debugging, or to time the eager path).
+quant.py's eager functions are the reference and the CPU path; on a CUDA tensor
+megatron/cc/kernels/fixpoint.py does the same work in three launches, with bit-identical
+payloads and decodes ("fitted" and 1-bit scales sum in kernels/group_sums.py's order).
+`pack_bits` / `unpack_bits` are dispatched the same way for the other codecs' bit streams.
+MEGATRON_CC_FUSED=0 turns the kernels off.
 """
 from __future__ import annotations
 

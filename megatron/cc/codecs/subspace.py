@@ -1,19 +1,11 @@
 """Subspace coefficients on the pipeline wire (Subspace Networks, arXiv 2506.01260).
 
-With the subspace-constrained model (megatron/training/model/subspace.py) a stage boundary carries
-c = U^T (x - x0), k values per token instead of the hidden size H, in both directions: the
-activations' coefficients forward and their gradient U^T g backward. The model makes those
-(S, B, k) tensors itself; this codec only puts them on the wire:
-
-- bits 0: as they are (the pipeline dtype). Forward and backward are then exact for the
-  constrained model: nothing is approximated, the message is just written in k numbers.
-- bits 1..8: b-bit fixpoint (the AC-SGD codec, one 16-bit scale per coefficient channel and
-  message, every code used). Lossy, like any quantiser; the k-dimensional vectors quantise
-  well because there are few channels each with many tokens to fit a scale to.
-
-`raw_nbytes` is what the uncompressed model would have sent for the same tokens, the (S, B, H)
-activation in the same dtype: the log line's ratio is against that, not against the
-coefficients (whose ratio against themselves would say x1.0).
+With the subspace-constrained model (megatron/training/model/subspace.py) a stage boundary
+carries k coefficients per token instead of H values, both ways: c = U^T (x - x0) forward and
+U^T g backward. The model makes those (S, B, k) tensors; this codec sends them as they are
+(bits 0: exact for the constrained model) or as b-bit fixpoint with one scale per coefficient
+channel. `raw_nbytes` is the (S, B, H) activation they stand for, so the log line's ratio is
+against the uncompressed model.
 """
 from __future__ import annotations
 

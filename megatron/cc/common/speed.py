@@ -1,17 +1,14 @@
 """--check-comp-speed: compression / decompression speed per channel, on the normal log line.
 
-A record times one message's codec work, possibly in several spans (a dp reducer compresses,
-all-reduces, compresses again: only its own compute counts, not the collectives):
+A record times one message's codec work, possibly in several spans (only the codec's compute
+counts, not the collectives between):
 
     rec = record(speed, "pp-bwd", "comp", x)    # x: the uncompressed tensor (bytes, device)
     with rec: payload = codec.encode(x, ctx)
     rec.done()
 
-and the log line prints "pp-bwd comp GB/s: ..." = uncompressed bytes / codec seconds, the mean
-over the interval's messages and ranks (ChannelStats.observe). On the CPU the spans are timed
-with the wall clock. On CUDA each span records a pair of events on the current stream; a
-finished record waits in a queue until its last event has completed (Event.query(): no host
-sync) and is observed then, possibly in the next log interval. Nothing here synchronises.
+The log line prints uncompressed bytes / codec seconds ("pp-bwd comp GB/s"). CPU spans use the
+wall clock; CUDA spans a pair of events, observed once complete (Event.query()): no host sync.
 """
 import math
 import time

@@ -1,12 +1,9 @@
 """What the parameter-syncing dp modes (cocktail, diloco, preduce, adpsgd) share.
 
-These modes leave each replica's gradient local (no dp all-reduce before the optimizer: the
-DDP buffers keep the replica's own mean gradient, DDP's 1/dp is never applied) and exchange
-parameters or parameter deltas after the optimizer step instead.
-
-Segments: the tied word embedding lives on the first and the last pipeline stage; both
-copies must stay identical, so it is always synchronised as a segment of its own (its own
-top-k, scales, fragment): the two stages then run the same computation on the same values.
+These modes keep each replica's gradient local (no dp all-reduce; DDP's 1/dp is never applied)
+and exchange parameters or parameter deltas after the optimizer step. The tied word embedding,
+held by the first and the last stage, is always a segment of its own, so both copies stay
+identical.
 """
 import contextlib
 from typing import Dict, List
@@ -73,13 +70,9 @@ def clone_state(d: dict) -> dict:
 
 @contextlib.contextmanager
 def replica_average(model, group):
-    """Inside the block the model holds the mean of its dp replicas' weights; after it, this
-    replica's own weights again, bit for bit (fp32 copies; the modes run fp32).
-
-    Between syncs the parameter-syncing modes keep a different model on every replica
-    (CocktailSGD's unsent error, gossip averaging, DiLoCo's inner steps). Their analyses
-    follow the replicas' mean (error feedback's virtual iterate, gossip's average iterate),
-    which is also what a final exact average would deliver. Collective over `group`.
+    """Inside the block the model holds the mean of its dp replicas' weights (the iterate the modes'
+    analyses follow); after it, this replica's own weights again, bit for bit (fp32 copies).
+    Collective over `group`.
     """
     segments = param_segments(model)
     own = {k: flatten(v) for k, v in segments.items()}

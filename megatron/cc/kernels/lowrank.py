@@ -1,17 +1,10 @@
 """Gram-Schmidt of the lowrank codec (codecs/lowrank.py orthogonalize_) in one launch.
 
-The eager version is ~7 small launches per column and pass (norm, floor, divide, two matmuls,
-subtract): at rank 16 and two passes over P and Q, ~450 launches per message. Here one program
-per matrix sweeps the rows twice per column (divide column i and its dot products with the
-later columns; subtract the projections and sum the squares of column i + 1), from L2.
-
-Sums over the n rows (norms, dot products) follow kernels/group_sums.py's order (lane l of
-L = lanes("channel", n) adds rows c * L + l, then a pairwise tree); group_sums.orthogonalize_
-is the torch twin the kernel equals bit for bit. Against lowrank.orthogonalize_ (BLAS order)
-the result differs by rounding only.
-
-Wired into codecs/lowrank.py for CUDA fp32 contiguous p (n, r) with n <= 16384:
-    kernels.lowrank.orthogonalize_(p, eps)   replaces   lowrank.orthogonalize_(p, eps)
+One program per matrix sweeps the rows twice per column, in place of several small launches
+per column and pass. Sums over the n rows follow kernels/group_sums.py's order;
+group_sums.orthogonalize_ is the torch twin the kernel equals bit for bit (against the BLAS
+order of lowrank.orthogonalize_ the result differs by rounding only). Used for CUDA fp32
+contiguous p (n, r) with n <= 16384.
 """
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
 """TAH-Quant codec (codecs/tah.py) on kernels: the tile transform and the payload packing.
 
-    encode  eager: fp32 padded copy, token entropies and their order (logs and a sort stay in
-            torch, so the bit allocation is the eager one); then
-            _tiles_kernel   per tile: outlier test, pivot swap + Hadamard of flagged tiles,
-                            min / max, fp16 zero (rounded down) and scale (rounded up), codes,
-                            and the flag / pivot bits written straight into the payload;
-            _pack_rows_kernel (x2) the codes of the high and the low tokens, in token order;
-            the token map packed by fixpoint's bit-packing kernel;
-    decode  _decode_kernel  per tile: flag, pivot and codes read from the payload at their bit
-                            offsets, dequantise, inverse Hadamard + pivot swap, crop, cast
-            (the token map unpacked by fixpoint's kernel; eager: each token's rank in its set).
-Eager: ~60 launches to encode, ~35 to decode. Payload bytes and decodes are bit-identical to
-TahCodec's (tests/cc/kernels/test_tah.py).
-
-Wired into codecs/tah.py: TahCodec.encode / decode start with
-    if dispatch.enabled(x): return kernels.tah.encode(self, x)
-    if dispatch.enabled(payload[0]): return kernels.tah.decode(self, payload, shape, dtype)
+encode: the token entropies and their order stay eager (the bit allocation is the eager one);
+_tiles_kernel does each tile's outlier test, pivot swap + Hadamard, fp16 zero and scale, codes
+and flag / pivot bits, and _pack_rows_kernel packs the high and the low tokens' codes.
+decode: _decode_kernel reads each tile's flag, pivot and codes, dequantises and inverts the
+transform. Payload bytes and decodes are bit-identical to TahCodec's.
 """
 from __future__ import annotations
 

@@ -4,12 +4,10 @@
     best = cands[0]        # fastest within the quality budget
     best.flags()           # pretrain_gpt.py flags of its layout and scheme
 
-Layouts: every tp that divides the GPUs per node and the heads (tensor parallelism stays
-inside a node), every pp that divides the layers, dp = world / (tp pp), global batch divisible
-by micro x dp. Schemes: SCHEMES below, each the flags of a configuration this project measured
-(quality.py), kept where the layout has the channel it compresses. Memory is only checked when
-the cluster gives gpu_memory_gb (18 bytes per parameter: fp32 master weights, Adam's two
-moments and fp32 gradients, 16-bit weights; activations not counted).
+Layouts: tp dividing the GPUs per node and the heads, pp dividing the layers, dp = world /
+(tp pp), the global batch divisible by micro x dp. Schemes: SCHEMES, kept where the layout has
+the channel they compress. Memory is checked only when the cluster gives gpu_memory_gb (18
+bytes per parameter; activations not counted).
 """
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
