@@ -144,7 +144,7 @@ def _group_scale_kernel(x_ptr, out_ptr, ratio_ptr, n_rise, n_tread, refits,
 
 # ------------------------------------------------------- channel scales, rows split
 # A channel group is a whole column (every row of the message): one program per column block
-# would read it alone (tens of programs for a 1920-wide message, each looping over 8192 rows).
+# would read it alone, leaving few programs each looping over every row.
 # Here the rows are split over programs too: each pass writes per-block partial sums of up to
 # NCP terms per column, and a small reduction kernel adds the blocks and advances the search.
 #
