@@ -21,7 +21,7 @@ absmax, seed (AC-SGD's / CocktailSGD's grid).
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_codec_fidelity.py          # ~1 min
     .venv/bin/python bench/bench_codec_fidelity.py --no-real                  # (a) and (c) only
 
-Targets (issue 23): no codec worse than the seed's at equal bytes on (a)-(c); every scalar
+Targets: no codec worse than the seed's at equal bytes on (a)-(c); every scalar
 quantiser within 1.25x the Lloyd-Max MSE on Gaussian data at 2-8 bits.
 Writes bench/results/codec_fidelity.{md,json,png}.
 """

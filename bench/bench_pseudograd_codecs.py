@@ -1,6 +1,6 @@
 """Every dp codec on real DiLoCo pseudo-gradients: bits per value against error.
 
-Issue 27 asks for 1000x fewer dp bytes than all-reduce. In a 300-iteration run that leaves
+The target is 1000x fewer dp bytes than all-reduce. In a 300-iteration run that leaves
 32 H / 1000 bits per value and sync (1.6 at H = 50). This bench measures what each codec
 loses at its rate on the vectors DiLoCo really exchanges. It captures one sync of
 bench_dp_modes.py's warm-start, batch-128 setting: dp = 4 replicas run H inner steps of exact

@@ -1,4 +1,4 @@
-"""The cost model at paper and datacentre scale (issue 28, item 5 b and c): pure computation.
+"""The cost model at paper and datacentre scale: pure computation.
 
 (b) Optimus-CC's settings: GPT-2.5B and GPT-8.3B at TP8 x PP4 x DP4 on 16 A100 nodes, each
     scheme the paper evaluates (baseline, CB, CB+LEP, +FE, +SC), predicted step time and

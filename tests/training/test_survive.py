@@ -1,4 +1,4 @@
-"""Surviving the cluster (issue 13), each case launched with torchrun as a user would.
+"""Surviving the cluster, each case launched with torchrun as a user would.
 
 - a rank SIGKILLed mid-run under `torchrun --max-restarts 1`: the restarted job resumes from
   the latest checkpoint and its losses equal an uninterrupted run's, bit for bit (fp32, dropout

@@ -217,7 +217,7 @@ def test_full_rank_boundary_uses_formula():
 
 def _slowly_varying_low_rank(t: int):
     """Message t of a rank-4 gradient whose factors rotate slowly, plus 1e-3 noise (the setting
-    of issue 23's table: the seed's CB stays at 0.0005 relative error); the generator of
+    of the codec-fidelity table: the seed's CB stays at 0.0005 relative error); the generator of
     bench/bench_codec_fidelity.py, data (c)."""
     spec = importlib.util.spec_from_file_location(
         "bench_codec_fidelity", pathlib.Path(__file__).parents[3] / "bench" /

@@ -114,7 +114,7 @@ def test_seed_scheme_is_the_ac_sgd_grid(bits):
     assert torch.allclose(x_hat, ref, atol=1e-6)
 
 
-# AC-SGD's own quantiser on randn(64, 4, 256), generator seed 1234, per-channel scale (issue 23)
+# AC-SGD's own quantiser on randn(64, 4, 256), generator seed 1234, per-channel scale
 SEED_FIXPOINT_MAE = {2: 0.39, 4: 0.095}
 
 

@@ -104,7 +104,7 @@ def test_topk_one_sends_no_mask_and_keeps_the_whole_subset(numel):
         assert float((y[idx] - x[idx]).abs().max()) <= step_size / 2 * 1.001
 
 
-# CocktailSGD's own bucket quantiser on the same values (issue 23): relative RMS error
+# CocktailSGD's own bucket quantiser on the same values: relative RMS error
 SEED_BUCKET_REL_RMS = {1: 0.65, 2: 0.45}
 
 
