@@ -1,46 +1,14 @@
 """DiLoCo (Douillard et al. 2023) and Streaming DiLoCo (2025) on the dp channel.
 
-Each replica runs H inner optimizer steps on its own data with no dp traffic, then:
+Each replica runs H inner optimizer steps with no dp traffic; then, per fragment:
 
-    Delta_i = theta_g - theta_i (+ e_i)       pseudo-gradient (fp32), plus its codec residual
-    Delta   = mean_i Delta_i                  exact all-reduce (none) or a ShardedExchange
-                                              through fp16 / int8 / fixpoint-b / cocktail,
-                                              or rank-r PowerSGD per matrix (powersgd-r,
-                                              lowrank_exchange.py: its own residuals)
-    m       = mu m + Delta                    outer SGD with Nesterov momentum (mu = 0: plain)
-    theta_g <- theta_g - lr (Delta + mu m)
-    theta_i <- theta_g                        inner optimizer state is kept, not reset
+    Delta   = mean_i (theta_g - theta_i + e_i)    exact all-reduce, ShardedExchange (flat
+                                                  codecs) or PowerSGDExchange (low rank)
+    m       = mu m + Delta;   theta_g <- theta_g - lr (Delta + mu m);   theta_i <- theta_g
 
-Streaming: the stage's parameters are cut into F fragments (the tied embedding always in
-fragment 0, so the first and last stage sync it at the same step); fragment f syncs after
-inner step s (1-based) when s > f H/F and (s - f H/F) % H == 0, so one fragment's traffic
-goes out every H/F steps. F = 1 is plain DiLoCo. With a sync delay tau >= 1 a fragment's
-reduce runs on a background thread (its own process group) during the next tau inner steps;
-the outer update is applied after inner step s + tau, and the replica keeps what it learned
-in those tau steps: theta_i <- theta_g + (theta_i - theta_i at step s).
-
-Check (tests): H = 1, lr = 1, mu = 0, no compression, plain SGD inner optimizer == synchronous
-data-parallel SGD (averaging parameters after one linear step == stepping with the averaged
-gradient). With Adam it differs, by design.
-
-Bytes: counted when a sync happens (the log line averages them over its iterations); raw is
-what the gradient all-reduce of every inner step since the fragment's last sync would cost.
-State (checkpoint): theta_g, momentum and codec residual per fragment, exchange state.
-
-Sync schedule (--diloco-sync-steps, F = 1): the replicas sync after each listed inner step,
-then every H steps after the last one; a sync's raw bytes count the steps since the one before
-(its window), so windows of any length compare with the all-reduce of the same steps.
-
-The residual is added with weight beta (e_i <- beta e_i + Delta_i before the codec):
---diloco-error-decay, 1 by default (0: no error feedback; the sharded exchange weighs its
-owners' server errors alike). With --diloco-residual-in-model the replica's residual stays in
-its weights instead (beta then weighs only the server errors): theta_i <- theta_g - e_i, so
-the replicas' mean keeps what the codec lost at phase 1 and the next pseudo-gradient carries
-it (theta_g - theta_i includes e_i); the sync after --train-iters leaves every replica on
-theta_g, which --diloco-final-average makes the replicas' decoded mean (no outer momentum).
-SparseLoCo (--dp-mode sparseloco, sparseloco.py) is this class with beta =
---sparseloco-error-decay, no outer momentum and a GatherExchange through the chunked top-k
-codec.
+with e_i the replica's codec residual; the inner optimizer state is kept. The fragment
+schedule, sync delay, error feedback and last sync are described in docs/data_parallel.md.
+SparseLoCo (sparseloco.py) is this class with its own decay and exchange.
 """
 import time
 from typing import Dict, List, Optional
@@ -77,31 +45,23 @@ class DiLoCoSync(SyncChannel):
     """dp mode `diloco`.
 
     Args:
-        group: dp group of this stage.
-        stats: where "dp" bytes are counted.
-        inner_steps: H (--diloco-inner-steps).
-        outer_lr, outer_momentum: the outer Nesterov SGD (--diloco-outer-lr / -momentum).
-        exchange: None for an exact fp32 all-reduce, else a ShardedExchange (lossy codec:
-            the replica keeps its residual and adds it to its next pseudo-gradient) or a
-            PowerSGDExchange (lowrank_exchange.py: per-parameter, keeps its own residuals).
-        fragments: F (--diloco-fragments), 1 <= F, H % F == 0.
-        error_decay: beta, the residual's weight when added to the next pseudo-gradient
-            (1: plain error feedback; SparseLoCo decays it).
-        capture_dir: write each pseudo-gradient there at its sync (pseudo_grad_capture.py;
-            --diloco-capture-dir), or None.
-        sync_steps: increasing inner steps to sync after, then every H (--diloco-sync-steps;
-            F = 1, sync_delay below the shortest window); () syncs every H.
-        last_step: the run's last inner step (--train-iters; 0: unknown), whose sync the next
-            three treat apart.
-        final: the exchange of that last sync (--diloco-final-compression): None is exact,
-            with every pending error repaid (the replica's residual and the owners' server
-            errors); a lossy one takes over the owners' pending server errors and repays them
-            through its codec. SAME (the default): `exchange`, as every other sync.
-        residual_in_model: after every sync but the last, each replica restarts from theta_g
-            minus its own codec residual (--diloco-residual-in-model; error_decay then weighs
-            only the owners' server errors).
-        final_average: the last sync sets theta_g to the decoded mean, theta_g - Delta (outer
-            lr 1, no momentum; --diloco-final-average).
+        group, stats: dp group of this stage; where "dp" bytes are counted.
+        inner_steps: H. outer_lr, outer_momentum: the outer Nesterov SGD.
+        exchange: None (exact fp32 all-reduce), a ShardedExchange (the replica keeps its
+            residual for its next pseudo-gradient) or a PowerSGDExchange (keeps its own).
+        fragments: F, 1 <= F, H % F == 0. sync_delay: tau, inner steps a reduce overlaps.
+        error_decay: beta, the residual's weight in the next pseudo-gradient (1: plain
+            error feedback).
+        capture_dir: write each pseudo-gradient there at its sync, or None.
+        sync_steps: increasing inner steps to sync after, then every H (F = 1); () syncs
+            every H.
+        last_step: the run's last inner step (0: unknown), whose sync the next three treat
+            apart.
+        final: the exchange of that last sync: None is exact and repays every pending error;
+            a lossy one repays the owners' server errors through its codec; SAME: `exchange`.
+        residual_in_model: after every sync but the last, restart from theta_g minus the
+            replica's own residual (error_decay then weighs only the owners' server errors).
+        final_average: the last sync sets theta_g to the decoded mean (lr 1, no momentum).
     """
 
     def __init__(self, group, stats: ChannelStats, inner_steps: int = 100,
