@@ -4,22 +4,11 @@
     <dir>/iter_0000010/mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt  one per model shard
     <dir>/iter_0000010/rank_state/rank_{global:05d}.pt                 one per process
 
-`model_optim_rng.pt` (written by data-parallel rank 0) holds the model shard and, keyed by each
-parameter's name in the unsplit model, its optimizer state, so tools/checkpoint can reshard
-both. With --use-distributed-optimizer that state is gathered from every dp rank first
-(checkpoint_distopt): the same by-name form, independent of the dp size.
-Directory names and `args` (an argparse.Namespace) are Megatron-LM's, so its loader and
-tools read our files; ours read Megatron-LM's (torch format, either layer spec) and our older
-layout (mp_rank_XX_000 at pp 1, args as a dict): checkpoint_compat, checkpoint_args. `rank_{r}.pt` holds what differs between replicas: RNG states and every channel's state
-(codec error buffers, Q matrices, activation caches, counters). Both hold only what was
-registered with CheckpointManager: Statefuls (state_dict()/load_state_dict()).
-
-Atomicity: files go under iter_XXXXXXX.tmp/, each with a sha256 (checkpoint_io); once every
-rank has written, rank 0 renames the directory and replaces `latest` (write + os.replace), so
-a save killed part-way leaves a .tmp directory and `latest` naming the previous checkpoint.
---async-save writes from a background thread (async_save) and commits at the first iteration
-boundary where every rank's thread is done (finalize). --keep-last N deletes older checkpoints
-after a newer one is committed. Loading verifies checksums and never unpickles code.
+The shard file (dp rank 0) holds the model shard and its optimizer state by global parameter
+name, so tools/checkpoint can reshard both; the rank file holds what differs between processes
+(RNG states, every channel's state). Both hold only what is registered with CheckpointManager.
+Files go under iter_XXXXXXX.tmp/ with checksums and are committed by a rename.
+Layout and guarantees: docs/checkpoints_and_hf.md, docs/fault_tolerance.md.
 """
 import dataclasses
 import os
