@@ -4,17 +4,8 @@
     spec = layer_spec(args.model)                 # the layer spec GPTModel builds its layers from
     add_output_layer_bias(model)                  # GPT-J's lm_head bias, after GPTModel is built
 
-What each flag maps to (all megatron-core except the parallel residual layer, which is ours):
-    --position-embedding-type rope --rotary-percent --rotary-base   RotaryEmbedding (rotate-half)
-    --rotary-interleaved                            rotate-every-two pairs (GPT-J)
-    --normalization RMSNorm, --layernorm-epsilon    torch.nn.RMSNorm / LayerNorm
-    --swiglu / --relu / --openai-gelu               gated_linear_unit + activation_func
-    --group-query-attention --num-query-groups      num_query_groups (linear_qkv per group)
-    --disable-bias-linear, --add-qkv-bias           add_bias_linear / add_qkv_bias
-    --disable-bias-attention                        linear_qkv and linear_proj without bias
-    --parallel-residual [--parallel-residual-shared-norm]
-        x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX), or with one norm for both (GPT-J)
-    --output-layer-bias                             a bias on the untied output layer (GPT-J)
+All megatron-core except the parallel residual layer. What each flag maps to:
+docs/model_families.md.
 """
 import functools
 
@@ -46,12 +37,9 @@ def activation(m):
 def config_kwargs(m, on_gpu: bool) -> dict:
     """TransformerConfig fields that depend on the architecture flags.
 
-    megatron-core's fused bias-GeLU (fusions/fused_bias_gelu.py, taken when activation_func is
-    F.gelu and bias_activation_fusion is on) computes the *tanh* approximation. It is used for
-    --openai-gelu only, whose function it is: exact GeLU never fuses, else a GPU would compute
-    another function than the CPU and than the Hugging Face config the export writes. Fused
-    SwiGLU is silu(a) * b, the unfused function. tests/training/test_gelu_device.py holds
-    megatron-core to this.
+    megatron-core's fused bias-GeLU computes the tanh approximation, so it is enabled for
+    --openai-gelu only: exact GeLU never fuses, so a GPU computes the same function as the CPU
+    and the exported Hugging Face config (tests/training/test_gelu_device.py).
     """
     act = activation(m)
     bias_mlp = not m.disable_bias_linear
@@ -118,13 +106,9 @@ def layer_spec(m):
 
 
 class SequenceParallelNorm:
-    """torch LayerNorm / RMSNorm for --sequence-parallel.
-
-    megatron-core's WrappedTorchNorm (its norm without apex or Transformer Engine) refuses
-    sequence parallelism because nothing would sum its gradients: each tp rank normalises only
-    its block of the sequence, so its weight and bias gradients are partial. Here they carry
-    `sequence_parallel = True`, as megatron-core's fused and TE norms mark theirs, and the tp
-    channel sums them over the group before the optimizer step (tp_reduce.sum_grads)."""
+    """torch LayerNorm / RMSNorm for --sequence-parallel: its weight and bias gradients are
+    partial per tp rank, so they carry `sequence_parallel = True` (as megatron-core's fused and
+    TE norms mark theirs) and the tp channel sums them (tp_reduce.sum_grads)."""
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_):
         norm = torch.nn.LayerNorm if config.normalization == "LayerNorm" else torch.nn.RMSNorm
@@ -136,8 +120,7 @@ class SequenceParallelNorm:
 
 def sequence_parallel_spec(spec, config, pp_rank: int, vp_stage=None):
     """The block spec of a sequence-parallel model: `spec`'s torch norms, and the final norm,
-    made SequenceParallelNorm. megatron-core picks the final norm itself from a layer spec, so
-    the block's submodules are spelled out here (its layer count rule, its norm slot).
+    made SequenceParallelNorm (the block's submodules spelled out so the final norm is ours).
     A spec with other norms (Transformer Engine's handle sequence parallelism) is kept."""
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_block import (TransformerBlockSubmodules,
