@@ -1,31 +1,11 @@
 """Optimus-CC selective stage compression (SC): PowerSGD with error feedback on the dp channel.
 
-Vogels et al. 2019, step for step as PyTorch's `powerSGD_hook` (our test oracle). A weight's
-gradient on one replica is viewed as M (n x m: n = shape[0], m = the rest, as the hook does);
-M is megatron DDP's `main_grad`, the replica's local gradient (DDP has not scaled it yet):
-
-    M <- M + E                         error feedback (E = 0 on the first compressed step)
-    Q <- orthogonalise(Q)              warm start: the last step's Q; the first step draws it
-                                       from a generator seeded alike on every replica
-    P  = M Q;    all-reduce(P, sum)    one flat buffer holds every parameter's P
-    P <- orthogonalise(P)              (a sum, not a mean: orthogonalisation ignores scale)
-    Q  = M^T P;  all-reduce(Q, sum);  Q /= dp        one flat buffer for every Q
-    M_hat = P Q^T                      rank-r estimate of the replicas' *mean* gradient
-    E <- M - M_hat;   main_grad <- M_hat
-
-E is the replica's own gradient minus the shared estimate (as in the paper and the hook).
-Uncompressed, in one flat all-reduce scaled exactly as megatron DDP scales its buckets:
-1-D tensors (biases, norms), matrices where rank r does not pay (r >= min(n, m) or
-r (n + m) >= n m, i.e. the hook with min_compression_rate=1), and embedding/output weights
-(flagged by megatron-core; the tied word embedding must be synchronised exactly once, exactly).
-The hook also keeps an error for uncompressed tensors (local minus mean), which sums to zero
-over replicas in its next all-reduce; we keep none: same result, no memory.
-With exclude_embedding (fused embedding sync on) the tied embedding gradient is left out of
-the dp channel entirely: the emb channel (fused_embedding.py) synchronises it.
-
-Warm-up: iterations < warm_up_iters run the exact bucket all-reduce (ExactDataParallelSync).
-Bytes: sent = (P + Q + uncompressed) elements x element size, raw = every gradient's bytes.
-State (checkpointed, keyed by parameter name): Q per compressed parameter and E.
+Vogels et al. 2019, step for step as PyTorch's `powerSGD_hook` (the test oracle). Per weight,
+M = main_grad + E is viewed as n x m; P = M Q and Q = M^T P are all-reduced (one flat buffer
+each) with warm-started Q, M_hat = P Q^T is the rank-r estimate of the replicas' mean gradient,
+and E <- M - M_hat. 1-D tensors, matrices where rank r does not pay and the embedding/output
+weights go exactly in one flat all-reduce. Warm-up iterations are exact. State (by parameter
+name): Q and E. Details: docs/pipeline_compression.md.
 """
 from typing import Dict, List, Optional, Tuple
 
