@@ -1,30 +1,11 @@
 """SD-PIPE partial reduce (Miao et al., VLDB'23) and the AD-PSGD baseline on the dp channel.
 
 Both average *weights* after each replica's local optimizer step, with only some replicas:
-
-preduce   each stage's replicas ask a scheduler on torch.distributed's store for partners
-          (preduce_sched.py holds the seed's rules): the first to arrive opens a window of its
-          own `wait`; everyone arriving before it closes (or all dp replicas, which closes it at
-          once) is in the window; up to dp 8 the window averages its weights with one
-          all-reduce, above dp 8 its arrivals pair up. Staleness bound: every
-          `ssp_bound`-th round of a replica (dp x ssp_bound updates of the stage), and the
-          last one, is a connected sync: all replicas of the stage average (ssp_bound = 1:
-          every step, which with plain SGD is exactly gradient all-reduce).
-adpsgd    random pairwise averaging: a permutation drawn from (seed, iteration) pairs the
-          replicas (one sits out when dp is odd); each pair swaps and averages its weights.
-
-Scheduling scope (`schedule`): by default every pipeline stage has a scheduler of its own, as
-in the seed, so the stages of one pipeline replica may average with different partners (the
-first stage follows the last one when the embedding is tied); with scope "replica" stage 0
-decides for all stages. On every schedule, tp rank 0 of the deciding stage asks and publishes
-the group under (schedule, dp rank, round); its other tp ranks and the stages following it
-read it. All stages of a pipeline stop at the same batch: each runs the same iterations (the
-pipeline's messages keep them together) and the last round is a connected sync everywhere.
-Groups (global ranks of this stage's members) are created on demand, only by their members,
-over the job's store, and cached.
-
-Replicas are not in lockstep here (`lockstep = False`): the training loop then logs the
-replica's own loss instead of all-reducing it over the dp group every iteration.
+preduce with whichever replicas a scheduler on the job's store puts in the same window
+(preduce_sched.py; every `ssp_bound`-th round and the last are connected syncs of all
+replicas), adpsgd in random pairs drawn from (seed, iteration). Replicas are not in lockstep
+(`lockstep = False`), so the loop logs each replica's own loss. Scheduling scope and groups:
+docs/data_parallel.md.
 """
 import time
 from collections import deque
@@ -46,11 +27,9 @@ __all__ = ["PartialReduceSync", "ADPSGDSync", "WindowScheduler"]
 class _GroupCache:
     """Subgroups of this stage's dp ranks, created by their members only, cached.
 
-    torch's new_group(use_local_synchronization=True) names a group after its ranks *and* the
-    number of groups the calling process already has, which differs between replicas that have
-    met different partners, so members would wait for each other under different names. A
-    backend process group over our own store prefix (the member ranks) has one name
-    everywhere; it is used directly (group.allreduce), not registered with torch.distributed.
+    A backend process group over a store prefix named by the member ranks, used directly, not
+    registered with torch.distributed: torch's locally synchronised new_group names a group by
+    how many groups the process already has, which differs between replicas.
     """
 
     def __init__(self, dp_group, store):
