@@ -1,31 +1,14 @@
 """DiLoCo's outer pseudo-gradient through PowerSGD (DiLoCoX's low-rank outer exchange):
 --diloco-compression powersgd-<r>.
 
-At a fragment's sync every replica holds its pseudo-gradient Delta_i as one flat fp32
-vector; the fragment's parameter shapes cut it back into tensors. Each tensor worth
-compressing at rank r (powersgd.worth_compressing: 2-D or more, viewed n x m with n =
-shape[0], and r (n + m) < n m) takes one PowerSGD round, the per-step gradient compressor's
-own (powersgd.PowerSGDDataParallelSync.reduce), on the pseudo-gradient instead of a gradient:
-
-    M' = Delta_i + E_i                 E_i: this replica's residual of the last sync
-    P  = M' Q;  all-reduce(P, sum)     Q (m x r) warm-started from the last sync; the first
-    P <- orthonormalise(P)             one drawn from a CPU generator seeded alike on every
-    Q  = M'^T P;  all-reduce(Q) / D    replica, then copied beside the parameters
-    mean ~= P Q^T;   E_i <- M' - P Q^T  the standard PowerSGD error: own input minus the
-                                        shared estimate (sums to what the replicas did not send)
-
-Every other tensor (biases, norms, matrices too small to pay) is averaged exactly in fp32 in
-one flat all-reduce and keeps no residual. The mean then goes through DiLoCo's outer Nesterov
-step as any other codec's. At r >= min(n, m) the estimate is the exact mean (P spans the
-column space of sum_i M'_i, since Q is invertible): the codec's check.
-
-Bytes of one sync of a fragment (counted as all-reduce messages, like the exact mode's):
+The fragment's flat pseudo-gradient is cut back into its tensors; each one worth compressing at
+rank r takes one round of the per-step compressor's PowerSGD (warm-started Q, the replica's own
+residual E_i), the rest is averaged exactly in fp32 without a residual. At r >= min(n, m) the
+estimate is the exact mean. Bytes of one sync (as all-reduce messages):
 
     sent = sum over compressed (n x m) of 4 r (n + m)  +  4 x (values sent exactly)
 
-`sync_bytes` is that formula: the planner (data_parallel/diloco.py) and the log line count it.
-State (checkpoint): per fragment, Q and E of every compressed tensor (keyed by its index in
-the fragment), restored onto the parameters' device at the first sync after a resume.
+State (checkpoint): per fragment, Q and E of every compressed tensor.
 """
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple

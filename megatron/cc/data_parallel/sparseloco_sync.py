@@ -1,38 +1,16 @@
 """SparseLoCo (Sarfi, Thérien, Lidin, Belilovsky 2025) on the dp channel.
 
-DiLoCo's loop (diloco.py: H inner steps, fragments, sync delay) with, for every fragment f
-of every replica i at its sync:
+DiLoCo's loop (H inner steps, fragments, sync delay) where each replica adds its
+pseudo-gradient to an error buffer decayed by beta, sends the top k of every chunk of C values
+at b bits (all-gathered), keeps the rest, and theta_g takes a plain outer SGD step of the mean.
+Bytes of one sync of n values over D replicas, m = ceil(n / C) chunks, i = ceil(log2 C):
 
-    Delta_i = theta_g - theta_i                    outer pseudo-gradient (fp32)
-    e_i    <- beta e_i + Delta_i                   error feedback with decay beta
-    s_i     = Q_b(TopK_C,k(e_i))                   k of every chunk of C values, b-bit values
-    e_i    <- e_i - s_i                            what was not sent stays in the buffer
-    theta_g <- theta_g - alpha mean_i(s_i)         one all-gather of the payloads; plain
-                                                   outer SGD: the decayed buffer stands in
-                                                   for DiLoCo's outer momentum (the paper's
-                                                   observation), so there is no momentum
-    theta_i <- theta_g (+ the tau overlapped steps' progress, --diloco-sync-delay)
+    P(n)    = ceil(m k i / 8) + ceil(m k b / 8) + 2 m     one replica's payload (k = C:
+                                                          no indices)
+    counted = floor(D P(n) / 2)                           logged, as an all-reduce message
+    raw     = 4 n H                                       fp32 all-reduce of every inner step
 
-Defaults (the paper's): beta 0.95, alpha 1, C 4096, k = 64 (density 1/64), b = 2; the paper
-runs H = 15 inner steps. Streaming SparseLoCo: --diloco-fragments F sends every fragment
-through the same codec, with its own error buffer, one fragment every H/F steps.
-
-Bytes of one sync of a fragment of n values over a dp group of D replicas, with
-m = ceil(n / C) chunks, i = ceil(log2 C) index bits (12 for C = 4096):
-
-    P(n)    = ceil(m k i / 8) + ceil(m k b / 8) + 2 m     payload of one replica
-              (k = C: ceil(m C b / 8) + 2 m, no indices)
-    counted = floor(D P(n) / 2)                          logged ("dp"), as an all-reduce
-                                                         message (gather_exchange.py)
-    raw     = 4 n H                                      the fp32 gradient all-reduce of
-                                                         every inner step since the last sync
-
-The demo model (bench_dp_modes.py: n = 1,334,016 per replica = 326 chunks, D = 4, H = 15):
-P = 326 x (96 + 16 + 2) = 37,164 B, counted 74,328 B per sync and replica (the log line sums
-the D replicas: 297,312 B), raw / counted = x1077 (x1076.9 logged).
-
-State (checkpoint): diloco.py's (theta_g and the error buffer e_i per fragment; no momentum)
-and the codec's stochastic-rounding generator.
+Algorithm, defaults and results: docs/data_parallel.md.
 """
 import math
 
