@@ -1,28 +1,12 @@
 """The embedded default corpus: real text and a tokenizer built from this Python install, offline.
 
-Training needs data and a tokenizer; this module makes both without a download, so the demo,
-the tests and the paper's small presets run on any machine with Python:
-
-  1. gather text already on disk, in sorted path order: docstrings of the standard library
-     (parsed with `ast`, nothing imported), then documentation files shipped in site-packages
-     (README / LICENSE / METADATA / .rst / .md / .txt that look like prose), then docstrings
-     of installed packages; split into chunks of at most CHUNK_CHARS, exact duplicates
-     dropped, capped at max_bytes (per-package caps keep one package from taking over);
-  2. write it as loose JSON lines {"text": ..., "url": "file://<stdlib|site-packages>/<path>#<chunk>"};
-  3. train a byte-level BPE with exactly VOCAB_SIZE (4096) entries, <|endoftext|> included,
-     and save it as GPT-2 vocab.json / merges.txt;
-  4. tokenize the JSON lines into <dir>/corpus_text_document.bin/.idx with --append-eod.
-
-The result is cached under <cache_dir>/<VERSION>-<max_bytes>/, built once (about half a
-minute on 2 cores), atomically (a temp directory renamed into place) and under an fcntl lock,
-so 8 ranks calling `default_assets()` at once build it once. The text depends only on the
-Python install (stdlib and site-packages), so two builds on the same install are identical;
-ranks on different machines should compare `DefaultAssets.fingerprint`.
-
-pretrain_gpt.py trains on it when no --data-path is given (megatron/training/pretrain.py);
-tools/corpus.py is its command line:
-
-    python -m tools.corpus [--cache-dir D]    # build (if needed) and print paths
+Gathers docstrings and documentation files already on disk (stdlib, then site-packages) as
+loose JSON lines, trains a byte-level BPE of VOCAB_SIZE entries on them and tokenizes the text
+into <dir>/corpus_text_document.bin/.idx, so training runs without a download. Built once
+under <cache_dir>/<VERSION>-<max_bytes>/, atomically and under a lock; the text depends only
+on the Python install (ranks on different machines compare `DefaultAssets.fingerprint`).
+Used by pretrain_gpt.py without --data-path; `python -m tools.corpus` builds it. See
+docs/data_tools.md.
 """
 
 from __future__ import annotations
@@ -394,9 +378,8 @@ def _load_manifest(directory: str) -> Optional[dict]:
 def build_cached(final_dir: str, build: Callable[[str], dict]) -> dict:
     """Return the manifest in final_dir, running build(tmp_dir) first if there is none.
 
-    Safe for concurrent callers: one builds under an exclusive fcntl lock while the others
-    wait on it; the build happens in a temp directory that is renamed into place only when
-    complete (the manifest is its last file), so a reader never sees half a build.
+    Safe for concurrent callers: one builds under an exclusive fcntl lock; the temp directory
+    is renamed into place only when complete (the manifest is its last file).
     """
     manifest = _load_manifest(final_dir)
     if manifest is not None:  # fast path: no lock
