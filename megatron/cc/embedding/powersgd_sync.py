@@ -1,33 +1,11 @@
 """Optimus-CC `--emb_grad_comp`: PowerSGD on the tied embedding gradient's sum between stages.
 
-The emb channel sums the tied word-embedding gradient over a group: the first and last stage
-of one replica (Megatron's embedding group, after the dp all-reduce), or with fused embedding
-sync (FE) the first and last stage of every replica, each member's gradient scaled by 1/dp
-first. This channel replaces that exact sum with one PowerSGD step over the same group. With
-M_i the member's matrix (V/tp x H, plus its error E_i) and k members, target S = sum_i M_i:
-
-    Q <- orth(Q)                      warm start (first use: drawn from --comp-seed, alike on
-                                      every member)
-    P = M_i Q;    all-reduce(P, sum)  = S Q
-    P <- orth(P)
-    Q = M_i^T P;  all-reduce(Q, sum)  = S^T P
-    S_hat = P Q^T                     every member gets the same S_hat (both copies of the
-                                      tied weight take the same step)
-    E_i <- M_i - S_hat / k            (--emb-use-error-feedback) each member's share of the
-                                      residual: sum_i E_i = S - S_hat, delivered next step
-
-The seed keeps E_i = M_i - S_hat instead, whose sum over the two members is S - 2 S_hat: at
-any rank, the next step subtracts roughly the previous sum
-(tests/cc/grad_sync/test_emb_powersgd.py). With FE the group spans every replica, so the
-compressed sum is the global one; the seed compresses over one replica's embedding group even
-with --emb_comm_opt, whose dp all-reduce skips the embedding, so its replicas drift apart.
-
-Orthogonalisation is Gram-Schmidt twice (codecs/rsvd.py: exact at and above the gradient's
-rank). Where rank r does not pay (r (n + m) >= n m) the exact channel runs instead, as the dp
-PowerSGD does for such matrices; the seed then clamps r to min(n, m) and sends more bytes than
-the gradient. Warm-up (iterations below `warm_up_iters`): the exact channel.
-Bytes ("emb"): sent = (P + Q) bytes; raw = what the replaced exact channel counts as raw.
-State: Q, E and the seed.
+Replaces the emb channel's exact sum over its group (the first and last stage of one replica,
+or of every replica with fused embedding sync) by one warm-started PowerSGD step over the same
+group; every member gets the same estimate S_hat, so both copies of the tied weight take the
+same step. With error feedback each member keeps its share, E_i = M_i - S_hat / k. Where rank
+r does not pay, and during the warm-up, the exact channel runs. State: Q, E and the seed.
+Algorithm and differences from the seed: docs/embedding_and_tensor_parallel.md.
 """
 from typing import Optional
 
