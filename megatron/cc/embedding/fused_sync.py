@@ -1,28 +1,11 @@
 """Optimus-CC fused embedding synchronisation (FE): the tied embedding gradient in one all-reduce.
 
-With pipeline parallelism the word embedding lives twice: on the first stage (input embedding)
-and on the last (output layer). g_s,d is the local gradient of stage s in {first, last} of
-replica d; megatron DDP scales by f = 1/dp before it sums.
-
-    unfused (Megatron): dp all-reduce of the buckets, embedding included:  sum_d f g_s,d
-                        then the embedding group (first + last of one replica) adds the two
-                        -> sum_d f (g_first,d + g_last,d)                     2 collectives
-    FE:                 f g_s,d, one all-reduce over the fused group "first and last stage of
-                        every replica" -> the same sum in another order       1 collective
-
-so FE is lossless (equal to float rounding). One fused group per TP rank: each TP rank holds
-its own vocabulary slice, and a group mixing TP ranks (the reference's defect) would add
-different rows together.
-
-The dp channel must leave the embedding gradient out: both dp channels take
-exclude_embedding=True, and sync.allreduce_buckets all-reduces each bucket minus that
-parameter's slice as contiguous views of the buffer (zero-copy; the embedding's bytes never
-cross the dp group). PowerSGD never compresses the embedding either, so with SC on its
-gradient is still synchronised exactly once, exactly.
-
-pp == 1: there is no emb channel (the one embedding parameter already holds both uses), so FE
-means nothing beyond the dp all-reduce, which carries the embedding; the wiring builds no
-fused group then.
+Instead of the dp all-reduce followed by the first + last stage sum, each of the first and
+last stage's gradients, scaled by 1/dp, is summed in one all-reduce over "first and last stage
+of every replica": the same sum in another order, so FE is lossless. One fused group per tp
+rank, since each holds its own vocabulary slice. The dp channels leave the embedding out
+(exclude_embedding), so it is synchronised exactly once. At pp 1 there is no emb channel and
+no fused group.
 """
 import torch.distributed as dist
 

@@ -1,21 +1,11 @@
 """Gradients of an embedding replicated on every pipeline stage (Subspace Networks' x0).
 
-The subspace-constrained model (megatron/training/model/subspace.py) rebuilds the embedding part x0
-of the residual stream on every stage, so every stage holds a copy of the embedding tables and
-each copy's gradient is that stage's share of the one true gradient. Around the ordinary emb
-channel: before it, the last stage adds its copy's gradient of the tied word table into the
-output weight's (so the emb channel's first + last sum carries both of its uses); after it,
-each table's gradient is summed over `group` -- all pipeline stages of one data-parallel
-replica and tensor-parallel rank, whose vocabulary shards match -- and written into every copy
-and the output weight, so every copy takes the same step. Exact: at most one SUM all-reduce per
-table (none for the tied word table at pp 2, where the emb channel's sum already is the whole),
-its bytes on the `emb` channel.
-
-An untied word table's gradient is zero outside the rows the iteration's tokens looked up
-(weight decay is the optimizer's, not the gradient's), and every stage of a replica looks up
-the same tokens: such a table sums only those rows (LookedUpRows), each stage finding the
-same rows with no exchange; over data-parallel replicas, whose tokens differ, the rows are
-the union, one byte per vocabulary row all-reduced (MAX) over the dp group.
+Each stage's copy holds that stage's share of the one true gradient. Around the ordinary emb
+channel: before it, the last stage folds its copy's tied-word gradient into the output
+weight's; after it, each table's gradient is summed over the stages of one replica and tp rank
+and written into every copy, so all copies take the same step (exact; bytes on `emb`). An
+untied word table sums only the rows the iteration looked up (LookedUpRows: their union over
+dp replicas, one byte per row all-reduced with MAX). Design: docs/subspace.md.
 """
 from dataclasses import dataclass
 from typing import List, Optional
@@ -62,12 +52,10 @@ class ReplicaTable:
 
     copy: this stage's copy (main_grad: this stage's share of the gradient).
     fold_into: the last stage's tied output weight, when the table is the tied word
-        embedding: the copy's gradient is added to it before the emb channel runs, so the
-        emb channel's first + last sum already holds both of the last stage's uses; after
-        it, the copy takes the output weight's summed gradient.
+        embedding: the copy's gradient is added to it before the emb channel runs; after it,
+        the copy takes the output weight's summed gradient.
     allreduce: sum over the stages (False only where the emb channel's sum is already the
-        whole gradient: the tied word table at pp 2, which saves a second V/tp x H
-        all-reduce over the same two stages). Equal on every stage of the group.
+        whole gradient: the tied word table at pp 2). Equal on every stage of the group.
     rows: an untied word table's looked-up rows: only those are summed.
     """
     copy: torch.nn.Parameter
