@@ -1,25 +1,12 @@
 """--overlap-grad-reduce: dp gradients synchronised bucket by bucket while backward still runs.
 
-The synchronous dp channels start after the whole backward. Here every parameter's gradient
-accumulator gets a hook that runs right after megatron DDP's own (which adds the gradient to
-`main_grad`): when all parameters of a bucket have received their gradient of the last
-micro-batch (each fires once per micro-batch), the bucket's communication is posted
-asynchronously, and the optimizer step waits for all of it.
-
-    exact     each DDP bucket's grad_data is cut at parameter boundaries into buckets of about
-              `bucket_size` elements; a ready bucket is scaled as megatron scales it and
-              all-reduced (async), exactly the arithmetic of megatron DDP's bucket all-reduce;
-    PowerSGD  a ready bucket of matrices runs its first half (error feedback, P = M Q) and
-              posts its P all-reduce; the second half (orthogonalise P, Q = M^T P, all-reduce
-              Q, decompress) runs per bucket after backward, Q all-reduces pipelined. Buckets
-              of exact tensors (1-D, embeddings) are all-reduced as soon as ready.
-
-Same element-wise arithmetic and the same byte counts as the synchronous classes: with
-2 replicas a sum of two values does not depend on how the buffer is cut, so the results are
-bit-identical (tests/cc/test_overlap.py); with more replicas gloo/NCCL may sum in a different
-order per cut, a float-rounding difference. Buckets are numbered in a fixed order and become
-ready in autograd's order, which is the same on every replica of a stage, so every rank posts
-the collectives in the same order.
+A hook after megatron DDP's own on every gradient accumulator posts a bucket's communication
+asynchronously once all its parameters have their last micro-batch's gradient; the optimizer
+step waits for all of it. Exact buckets are scaled and all-reduced as megatron DDP does;
+PowerSGD buckets post their P all-reduce during backward and finish after it. Arithmetic and
+byte counts are the synchronous classes' (bit-identical at 2 replicas; otherwise equal to float
+rounding). Buckets become ready in autograd's order, the same on every replica, so every rank
+posts the collectives in the same order.
 """
 import time
 from typing import Callable, List, Optional

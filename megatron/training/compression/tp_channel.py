@@ -1,27 +1,11 @@
 """Route megatron-core's tensor-parallel all-reduces through the tp channel (megatron/cc/tensor_parallel/tp_reduce.py).
 
-At tp > 1 (without sequence parallelism) megatron-core sums over the tensor-parallel group:
-    row-parallel layers (attention and MLP output projections)   their partial outputs, forward
-    column-parallel layers (QKV, MLP input, output layer)          their input-gradient shares,
-                                                                   backward
-    the vocab-parallel embedding                                  its partial lookups, forward
-    vocab-parallel cross entropy                                  3 (batch, seq) fp32 tensors
-The first two are taken over here (megatron-core's own reduce switched off on the module, ours
-around it: the same all-reduce of the same tensor unless --mp-acti-comp / --mp-grad-comp
-compress it); the last two are counted. The optimizer's grad-norm all-reduce (one float over
-the model-parallel group) is not counted.
-
-With --sequence-parallel (megatron/cc/tensor_parallel/tp_reduce.py's module doc has the byte unit):
-    row-parallel layers          reduce-scatter of the partial outputs, forward (taken over:
-                                 --mp-acti-comp compresses it); all-gather of the output
-                                 gradient, backward (ours, exact)
-    column-parallel layers       all-gather of the input, forward; in backward the input
-                                 gathered again for the weight gradient and the input gradient
-                                 reduce-scattered (megatron-core's, inside its linear: counted;
-                                 --mp-grad-comp is refused, arguments.validate_sequence_parallel)
-    the embedding                the lookup's all-reduce (learned positions) or reduce-scatter
-                                 (rope), and the all-gather of its gradient (counted)
-    norms and row-parallel biases their gradients all-reduced once per step (sum_grads)
+At tp > 1 the row-parallel layers' forward reduce (all-reduce, or reduce-scatter with
+--sequence-parallel) and, without sequence parallelism, the column-parallel layers' backward
+all-reduce are taken over: megatron-core's own is switched off on the module and ours runs
+around it, the same collective unless --mp-acti-comp / --mp-grad-comp compress it. The
+embedding's, cross entropy's and the sequence-parallel linears' own collectives are counted.
+Which collective crosses where, and how it is counted: docs/embedding_and_tensor_parallel.md.
 """
 from typing import Optional
 
