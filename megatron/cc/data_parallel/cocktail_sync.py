@@ -4,20 +4,11 @@ Per optimizer step t (after `warmup_steps` plain all-reduce steps), on every rep
 
     delta_i = theta_i - theta_g              theta_g: the last agreed copy (fp32)
     U, dq_i = ShardedExchange(delta_i, t)    random rolling subset -> top-k -> b-bit, twice
-    theta_g <- theta_g + U                   the same U on every replica, bit for bit
-    theta_i <- theta_i + U - dq_i            what i did not send stays in its parameters:
-                                             delta_i - dq_i is its (implicit) worker error
+    theta_g <- theta_g + U;   theta_i <- theta_i + U - dq_i
 
-The mask is a function of (seed, t) alone, so no indices cross the wire; the server error of
-every shard owner is kept by the exchange. Overlap (default): the exchange of step t runs on a
-background thread over its own process group while step t+1's forward/backward runs; the
-result is applied just before step t+1's optimizer step (one step stale), which waits for it.
-The time spent waiting is logged as "dp wait ms". With overlap off the exchange runs inline.
-
-The gradient phase sends nothing (local gradients, see param_sync.py) except during warm-up.
-State (checkpoint): theta_g per segment, the server errors, codec generators, and an exchange
-still in flight (joined, its result kept un-applied so the resumed run applies it at the same
-point as an uninterrupted one).
+By default the exchange runs on a background thread during step t+1's forward/backward and is
+applied just before its optimizer step (one step stale). State: theta_g per segment, the
+server errors, codec generators and an exchange in flight. See docs/data_parallel.md.
 """
 import time
 from typing import Dict, List, Optional

@@ -1,28 +1,11 @@
 """SD-PIPE's scheduling rules for partial reduce: which stages share a scheduler, the window
 that gathers ready replicas, and how a window's arrivals become groups.
 
-The seed (Miao et al., VLDB'23; its ps-lite scheduler `preduce_handler.cc` and
-`python/hetu/preduce.py`), read for these rules:
-
-- One scheduler per pipeline stage (its `reduce_key` is the stage): the replicas of a stage
-  form groups among themselves, independently of the other stages (`schedule_of`, scope
-  "stage"). The seed's models share no weight across stages; a tied word embedding here lives
-  on the first and the last stage, and its two copies (equal gradients through the emb
-  channel) stay equal only if both average with the same partners, so the first stage follows
-  the last stage's schedule. The last stage decides because its iteration ends first under
-  1F1B (the seed's key 0, which also decides when a pipeline stops, is the last stage too).
-  Scope "replica" (this project's earlier behaviour): stage 0 decides for every stage.
-- A window: the first replica to arrive waits up to its own `wait` for others; everyone who
-  arrived meanwhile is in it; all dp replicas close it at once (`WindowScheduler`).
-- `wait` is each replica's own (the seed keeps it on the worker and the opener's applies):
-  doubled, up to 10 ms, when its group had fewer than 2 members, else x0.9, down to 0.01 ms;
-  1 ms at the start (`next_wait`).
-- Groups (`split_window`): up to 8 replicas per stage the whole window averages together;
-  above 8 (the seed's `getMaxWorkers() > 8`) the window's arrivals, sorted by dp rank, pair
-  up (1st+2nd, 3rd+4th, ...; an odd last one stays alone), so a message never waits on more
-  than one partner.
-
-The staleness bound and the end of training are in PartialReduceSync (preduce.py).
+Read from the seed (Miao et al., VLDB'23; `preduce_handler.cc`, `python/hetu/preduce.py`):
+one scheduler per stage, the first stage following the last with a tied embedding
+(`schedule_of`); a window opened by the first arrival for its own `wait` (`WindowScheduler`,
+`next_wait`); above 8 replicas the arrivals pair up by dp rank (`split_window`). The values:
+docs/data_parallel.md. The staleness bound and the end of training are in PartialReduceSync.
 """
 import time
 from typing import List, Optional, Tuple

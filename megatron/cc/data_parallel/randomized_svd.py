@@ -1,9 +1,7 @@
 """Optimus-CC `--grad_comp_type RandomizedSVD`: the dp channel by a distributed randomized SVD.
 
-PowerSGD (powersgd.py) warm-starts Q across steps; a randomized SVD (Halko et al. 2011)
-projects every step's gradient on a fresh Gaussian test matrix. Here it is computed for the
-replicas' *mean* gradient M = (1/dp) sum_d M_d, each product all-reduced (M_d: the replica's
-gradient viewed as n x m, plus its error E_d):
+A randomized SVD (Halko et al. 2011) of the replicas' *mean* gradient, each product
+all-reduced (M_d: the replica's gradient viewed as n x m, plus its error E_d):
 
     Omega ~ N(0, 1) (m x r)            seeded by (--comp-seed, iteration): alike on every replica
     Y = M_d Omega;  all-reduce(Y)      one flat buffer for every parameter (as P in PowerSGD)
@@ -11,19 +9,9 @@ gradient viewed as n x m, plus its error E_d):
     P = orth(Y);    B = M_d^T P;  all-reduce(B) / dp
     M_hat = P B^T  (= P P^T M)    E_d <- M_d - M_hat;   main_grad <- M_hat (x DDP's factor)
 
-niter (--grad-comp-niter, torch.svd_lowrank's; the seed passes 1) trades bytes for accuracy:
-(1 + niter) all-reduces of P and of Q-sized buffers per step; niter = 0 sends exactly PowerSGD's
-bytes. The seed instead runs torch.svd_lowrank on each replica's own gradient and all-reduces
-U, S and V separately: the mean of different matrices' singular vectors is not the singular
-vectors of the mean (signs and rotations differ per replica), so its estimate is not that of
-the mean gradient at dp > 1 (see docs/seed_commands.md).
-
-Everything else is PowerSGDDataParallelSync's: which tensors are compressed (r (n + m) < n m,
-not 1-D, not embedding/output weights), the exact flat all-reduce of the rest, the warm-up,
-the DDP scaling, error feedback always on, byte counting ("dp": sent = every all-reduced
-buffer, raw = every gradient's bytes). Gram-Schmidt runs twice (codecs/rsvd.py), so a
-gradient whose rank is below r is reproduced to float rounding.
-State: E per parameter and the seed (Omega needs none: it follows from the iteration).
+niter = 0 sends exactly PowerSGD's bytes. Everything else (which tensors are compressed,
+warm-up, scaling, byte counting) is PowerSGDDataParallelSync's. State: E per parameter and
+the seed. How it differs from the seed's: docs/seed_commands.md.
 """
 import torch
 import torch.distributed as dist

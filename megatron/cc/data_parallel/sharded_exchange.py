@@ -1,22 +1,11 @@
 """Compressed all-reduce of a flat vector as a sharded exchange (CocktailSGD's server step).
 
-Replica r of a dp group of size D owns shard r of the vector (ceil(n / D) values, the last
-one zero-padded). One round, for every replica at once:
-
-    phase 1  each replica compresses every shard of its vector and sends shard j's payload
-             to replica j (one all_to_all of fixed-size byte buffers);
-    owner    averages the D decompressed copies of its shard in rank order, adds its server
-             error, compresses the result again (server error <- that minus what it sent);
-    phase 2  every owner's payload goes to everyone (all_gather); every replica decompresses
-             the same bytes in the same order, so the result is bit-identical everywhere.
-
-Returns the agreed update U (n,) and what this replica's phase-1 payloads decode to, dq (n,):
-the caller keeps x - dq as its own (worker-side) error. Payload sizes depend on n alone, so
-the buffers are pre-sized on both ends.
-
-Bytes are counted as an all-reduce message: a plain all-reduce of x bytes counts x (as the
-exact dp channel does), a compressed reduce-scatter + all-gather counts half of what both
-phases carry over all shards, so `raw / sent` compares the same ring traffic.
+Replica r owns shard r (ceil(n / D) values). Phase 1: every replica compresses each shard and
+sends it to its owner (all_to_all of fixed-size buffers); the owner averages the copies in rank
+order, adds its server error and compresses again; phase 2: all_gather of the owners' payloads,
+decoded alike everywhere, so the result is bit-identical on every replica. Returns the update
+U and dq, what this replica's phase-1 payloads decode to (the caller keeps x - dq as its
+error). Bytes count as an all-reduce message: half of what both phases carry.
 """
 import math
 from typing import List, Tuple
