@@ -1,29 +1,13 @@
 """AdamW for replicas whose steps are averaged afterwards (the parameter-syncing dp modes).
 
-In cocktail_sgd, diloco, preduce and adpsgd every replica takes its own Adam step on its own
-1/dp share of the batch, and the replicas' parameters (or parameter deltas) are averaged
-later. Adam divides by the root of the second moment of the gradient it sees. With per-coordinate
-mean mu and noise variance s^2 of one replica's gradient, a replica sees
+A replica's gradient carries dp times the noise variance of the all-reduced one, so its Adam
+step is up to sqrt(dp) smaller. ReplicaAdamW divides instead by an estimate of the all-reduced
+gradient's second moment from the replica's own bias-corrected moments, with no bytes sent:
 
-    v_i = mu^2 + s^2              while the all-reduced gradient has   v = mu^2 + s^2 / dp
-
-so where noise dominates, the mean of the replicas' steps is sqrt(dp) times smaller than the
-step Adam takes on the all-reduced gradient (docs/data_parallel.md, "--dp-adam-correction").
-This optimizer estimates the all-reduced gradient's second moment from the replica's own
-moments, with no bytes on the wire:
-
-    v_hat, m_hat = bias-corrected Adam moments of this replica
     v_dp = v_hat / dp + (1 - 1/dp) * min(m_hat^2, v_hat)
 
-m_hat^2 stands in for mu^2. It over-estimates mu^2 (it carries about (1-b1)/(1+b1) of the
-noise), so v_dp errs towards plain Adam's larger denominator, the safe side. v_dp lies in
-[v_hat/dp, v_hat]: plain Adam where the signal dominates, sqrt(dp) larger steps where the noise
-does. The mean of the replicas' steps m_hat_i / sqrt(v_dp) then follows Adam on the mean
-gradient. Each replica's own step is noisier than plain local Adam's. Averaging over the dp
-replicas removes that extra noise.
-
-Flag: --dp-adam-correction (parameter-syncing modes, Adam only). The state is AdamW's own
-(exp_avg, exp_avg_sq, step), so checkpoints load either way. dp = 1 is plain AdamW.
+--dp-adam-correction; the state is AdamW's own, and dp = 1 is plain AdamW. Rationale and
+tests: docs/data_parallel.md.
 """
 import math
 

@@ -4,26 +4,9 @@ and everything here is detected by feature, not by version number. `UPSTREAM` li
 relied on; tests/test_compat.py fails when an upgrade renames or re-signs one of them.
 
 It lives in the driver, not in megatron/cc/common/compat.py (torch's renames): megatron/cc never
-imports megatron-core, and the filters below must be in place before megatron.core is first
-imported, which megatron/training/__init__.py guarantees.
-
-What 0.19 changed that this project meets:
-- TransformerConfig.cuda_graph_scope became cuda_graph_modules; both default to the deprecated
-  "full" and warn on it (transformer_config_kwargs).
-- GPTModel is deprecated in favour of HybridModel and logs so at every construction; it still
-  builds the same model. HybridModel takes a layer pattern ("*-" per transformer layer:
-  attention and MLP become separate layers, each with its own norm) and ships only a
-  Transformer Engine spec, so moving needs a local spec and new parameter / checkpoint names.
-- get_megatron_optimizer imports the experimental MimoModel to test for it, whose config class
-  warns at import; tensor_parallel.random imports torch.utils.cpp_extension, which logs that no
-  CUDA runtime is found on a CPU-only machine that has nvcc.
-- The local layer spec's mlp slot became partial(MLP.as_mlp_submodule, submodules=...) instead
-  of a ModuleSpec (mlp_submodules).
-- start_grad_sync calls torch.cuda.current_stream(): a CPU matter, patched in cpu_shim.py.
-- Needing nothing: backward_step lost its model_type argument and parallel_state getters gained
-  gtp_remat arguments (we call neither positionally, our schedule not backward_step at all).
-- The wheel ships a megatron/training package of its own; only the checkout's place first on
-  sys.path (pytest's pythonpath, pretrain_gpt.py, tools/) puts ours before it.
+imports megatron-core, and the notice filters must be in place before megatron.core is first
+imported, which megatron/training/__init__.py guarantees. What differs between the releases:
+docs/running.md.
 """
 import dataclasses
 import logging
@@ -51,7 +34,8 @@ UPSTREAM = [
     ("megatron.core.parallel_state", "get_embedding_group", ("check_initialized",)),
 ]
 
-# Start-up notices of upstream code paths this project does not take (see the docstring).
+# Start-up notices of upstream code paths this project does not take: GPTModel's deprecation
+# notice, cpp_extension's missing CUDA runtime, the experimental MimoModel's config warning.
 _LOGGED = (("megatron.core.models.gpt.gpt_model", "GPTModel IS DEPRECATED"),
            ("torch.utils.cpp_extension", "No CUDA runtime is found"))
 _WARNED = (r"MimoModelConfig is experimental",)

@@ -1,18 +1,12 @@
 """The one place where megatron-core (0.16.1, 0.19) is made to run without CUDA.
 
-megatron-core assumes a CUDA device in a few spots even when every tensor is on the CPU:
-the tensor-parallel RNG tracker saves/restores *CUDA* generator state, gather buffers and DDP
-grad buffers are allocated on `torch.cuda.current_device()`, p2p code calls
-`torch.cuda.synchronize()` and 0.19's grad sync `torch.cuda.current_stream()`. On a CPU-only torch each raises "Torch not compiled with CUDA
-enabled" (so does the causal mask of the unfused softmax), and the distributed optimizer
-refuses any parameter whose `.type()` is not a `torch.cuda.*Tensor`. `apply()` redirects
-exactly those calls to their CPU meaning and is a no-op when CUDA is present, so GPU runs use stock megatron-core untouched. Nothing else in this repository
-branches on the device for megatron-core's sake.
-
-One patch applies on GPUs too (batch_grad_norm): without Transformer Engine or apex,
-megatron-core's grad-norm fallback reads every parameter's norm to the host.
-
-`tests/training/test_cpu_shim.py` fails if a megatron-core upgrade changes what is patched here.
+megatron-core assumes a CUDA device in a few spots even when every tensor is on the CPU (the
+tensor-parallel RNG tracker's generator state, buffers on `torch.cuda.current_device()`,
+`torch.cuda.synchronize()` / `current_stream()`, the unfused softmax's causal mask, the
+distributed optimizer's `torch.cuda.*Tensor` check). `apply()` redirects exactly those calls to
+their CPU meaning and is a no-op when CUDA is present. One patch applies on GPUs too
+(batch_grad_norm: megatron-core's grad-norm fallback without Transformer Engine or apex reads
+every norm to the host). tests/training/test_cpu_shim.py fails if an upgrade changes a target.
 """
 import contextlib
 import functools
@@ -160,11 +154,8 @@ def _clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decouple
 def batched_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
     """megatron.core.utils.local_multi_tensor_l2_norm without its host reads.
 
-    That fallback builds `torch.tensor([per-tensor norms])`: one device-to-host read per
-    parameter per step on a GPU (it is what megatron-core's clip_grad_norm, i.e. our
-    optimizer.step() with --clip-grad > 0, calls when neither Transformer Engine nor apex is
-    installed). Here the norms stay on the device; the result is the same float32 value
-    (bit-identical on the CPU, tests/training/test_grad_norm_sync.py).
+    The fallback (clip_grad_norm without Transformer Engine or apex) reads every parameter's
+    norm to the host; here the norms stay on the device, with the same float32 result.
     """
     tensors = [t for tensor_list in tensor_lists for t in tensor_list]
     norms = torch._foreach_norm(tensors)   # one per tensor, on their device
