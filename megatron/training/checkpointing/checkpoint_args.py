@@ -4,18 +4,10 @@
     write_file(file_state(shard), path)                # the same, for a whole shard dict
     args = args_dict(sd["args"])                       # our nested dict, from any of the three
 
-Megatron-LM saves its flat argument Namespace, and tools written for its checkpoints read
-attributes off it (transformers' convert_megatron_gpt2_checkpoint.py: bias_gelu_fusion,
-openai_gelu, padded_vocab_size, max_position_embeddings, hidden_size, num_layers,
-num_attention_heads, ffn_hidden_size, tokenizer_type; Megatron-LM's load_args_from_checkpoint
-and check_checkpoint_args: the model and parallel sizes, add_bias_linear, norm_epsilon, ...).
-Our flags already carry Megatron-LM's names, so the Namespace holds every field of every
-group under its flag name, plus the values Megatron-LM derives (MEGATRON_LM_DERIVED), plus our
-grouped dict exactly as before under `megatron_cc_args`, which is what we read back.
-
-`args_dict` reads all three: that Namespace, the plain dict older checkpoints of ours hold,
-and a Namespace written by Megatron-LM itself (its model and parallel fields, mapped onto
-ModelArgs; other groups keep our defaults).
+The Namespace holds every flag under its Megatron-LM name plus the values Megatron-LM derives
+(MEGATRON_LM_DERIVED), so tools written for Megatron-LM checkpoints read it, and our grouped
+dict under `megatron_cc_args`. `args_dict` also reads our older plain dict and a Namespace
+written by Megatron-LM itself (its model and parallel fields).
 """
 import argparse
 import dataclasses

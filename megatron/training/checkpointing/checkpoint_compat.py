@@ -1,23 +1,13 @@
 """Megatron-LM's checkpoint layout, written by us and read from it: shard directory names,
 files without our metadata, and the two spellings of megatron-core's layer names.
 
-    <iter dir>/mp_rank_{tp:02d}/model_optim_rng.pt             pp == 1 (Megatron-LM's name)
-    <iter dir>/mp_rank_{tp:02d}_{pp:03d}/model_optim_rng.pt    pp > 1
-Checkpoints of ours written before this layout named every shard mp_rank_{tp:02d}_{pp:03d},
-also at pp == 1: `shard_dir_candidates` lists both and readers take the one that exists.
-
-A model_optim_rng.pt written by Megatron-LM (--ckpt-format torch) holds 'model' (megatron-core
-names, per stage and tp rank like ours), 'args' (its Namespace), 'iteration' and
-'checkpoint_version' but none of our 'layout', 'consumed_samples' or optimizer-by-name keys;
-`normalize_shard` derives those from its args and the directory name. Its optimizer state
-is megatron-core's positional one and is not read (see CheckpointManager).
-
-Layer names: megatron-core's Transformer Engine spec fuses each pre-norm into the following
-linear, so `input_layernorm.weight` is spelt `self_attention.linear_qkv.layer_norm_weight`
-and `pre_mlp_layernorm.weight` is `mlp.linear_fc1.layer_norm_weight` (biases alike), and its
-modules add `_extra_state` entries (fp8 metadata). `to_model_names` maps a state dict onto
-the names a model expects, whichever spec wrote it; `to_local_names` onto the local spec's,
-which tools/checkpoint works in.
+Shards are mp_rank_{tp:02d} at pp == 1 and mp_rank_{tp:02d}_{pp:03d} otherwise; our older
+checkpoints used the second at pp == 1 too (`shard_dir_candidates` lists both). A Megatron-LM
+file lacks our 'layout', 'consumed_samples' and optimizer-by-name keys: `normalize_shard`
+derives them (its positional optimizer state is not read). The Transformer Engine spec fuses
+each pre-norm into the next linear (`...linear_qkv.layer_norm_weight` for
+`input_layernorm.weight`) and adds `_extra_state`: `to_model_names` maps a state dict onto a
+model's names, `to_local_names` onto the local spec's, which tools/checkpoint works in.
 """
 import os
 import re

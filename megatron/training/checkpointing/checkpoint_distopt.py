@@ -1,20 +1,10 @@
 """The distributed optimizer's Adam state in the checkpoint's by-name form.
 
-megatron-core's DistributedOptimizer (--use-distributed-optimizer) keeps, on each data-parallel
-rank, the fp32 main weights and Adam moments of one contiguous 1/dp slice of every gradient
-bucket; a slice cuts through parameters. Its own checkpoint formats either keep that bucket
-layout (dp_zero: one flat tensor per buffer, valid only for the same bucket layout) or need
-megatron-core's dist_checkpointing. Ours stores what the other optimizers store:
-
-    {global parameter name: {"step", "exp_avg", "exp_avg_sq"[, "main_param"]}}
-
-each tensor whole and shaped like the parameter ("main_param" only for 16-bit weights; an fp32
-main weight is the model weight itself). So the file does not depend on the dp size, and the
-same loader, the same tools/checkpoint code and the other optimizer read it.
-
-Saving gathers each bucket's slices on dp rank 0 (one gather per bucket, collective over the
-optimizer's dp group); loading needs no communication: every rank reads the whole state from
-the shard file and keeps its own slice.
+megatron-core's DistributedOptimizer keeps on each dp rank the fp32 main weights and Adam
+moments of a 1/dp slice of every gradient bucket. Here it is stored as the other optimizers'
+is, {global parameter name: {"step", "exp_avg", "exp_avg_sq"[, "main_param"]}}, each tensor
+whole, so the file does not depend on the dp size. Saving gathers each bucket's slices on dp
+rank 0 (collective); loading needs no communication: each rank keeps its own slice.
 """
 from typing import Dict, Iterator, List, Optional, Tuple
 

@@ -5,16 +5,10 @@
     text = tok.detokenize(ids)                 # "Hello world"
     tok.vocab_size, tok.eod                    # ints, what GPTDataset and the model need
 
-Both tokenizers are duck-type compatible with megatron-core's dataset code (`vocab_size`,
-`eod`, `vocab`, `inv_vocab`); neither defines `pad`, so GPTDataset falls back to its own pad id.
-
-`validate_tokenizer_args` checks the flags and files without building anything, so a
-launcher can reject a bad command line before it starts any process. Every error is a
-ValueError that names the flag and the file.
-
-GPT2BPETokenizer does not treat the literal text "<|endoftext|>" in a document as the EOD
-token (it is split into ordinary pieces, as in Megatron-LM's own GPT-2 BPE); the only EOD
-ids in a dataset are the ones `--append-eod` adds.
+Both are duck-type compatible with megatron-core's dataset code and define no `pad`.
+`validate_tokenizer_args` checks flags and files without building anything (ValueErrors naming
+the flag and file). The literal text "<|endoftext|>" is not the EOD token for GPT-2 BPE: the
+only EOD ids in a dataset are those `--append-eod` adds.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Megatron-LM v2.5 / Optimus-CC flags that the paper's scripts pass, mapped onto this trainer.
 
-Two groups of flags, each a dataclass like the rest of arguments.py:
-  RecomputeArgs  activation recomputation in today's spelling (--recompute-*) and in v2.5's
-                 (--checkpoint-activations, --activations-checkpoint-method, ...), both mapped
-                 onto megatron-core's TransformerConfig recompute fields;
-  CompatArgs     flags with one possible value here (--data-impl mmap, --DDP-impl local), the
-                 launcher's --local-rank, --no-masked-softmax-fusion, and sample-based training
-                 (--train-samples, --lr-decay-samples, --lr-warmup-samples, --rampup-batch-size).
-
-`resolve_sample_based` converts sample counts into iterations before validation, as Megatron's
-update_train_iters does; `seed_notes` returns the one-line notes printed at start-up where a
-flag is accepted but means nothing more here, or where our semantics differ from the seed's.
+RecomputeArgs: activation recomputation in today's spelling and in v2.5's, both mapped onto
+megatron-core's recompute fields. CompatArgs: flags with one possible value here, the
+launcher's --local-rank, and sample-based training, which `resolve_sample_based` converts
+into iterations before validation. `seed_notes` gives the start-up notes where a flag means
+nothing more here or differs from the seed.
 """
 from dataclasses import dataclass
 from typing import List, Optional

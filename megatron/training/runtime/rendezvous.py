@@ -1,29 +1,15 @@
 """A fresh key namespace in torchrun's store for every attempt, so restarted workers never hang.
 
-Why restarts used to hang: under torchrun the workers do not host their own TCPStore; they are
-clients of the store the elastic agent keeps (TORCHELASTIC_USE_AGENT_STORE=True), and in
-torch 2.13 that store lives as long as the agent -- static rendezvous keeps one TCPStore, and
-c10d rendezvous creates its shared server only on the first round. Nothing clears it between
-attempts. Every process group (the default one, megatron-core's, ours) rendezvouses through
-keys like `default_pg/<group>/cpu/rank_<r>` that the *dead* attempt already wrote. A restarted
-worker reads a dead peer's address (gloo) or unique id (NCCL) and connects to nothing, and a
-store-based barrier finds counters already past world size: `new_group` blocks until the
-store timeout or forever.
-
-The fix: before init_process_group, the ranks of one attempt agree on a random token and use
-`PrefixStore(token)` for everything. A restart count cannot serve as the token: each agent
-counts its own restarts, and with c10d rendezvous a healthy node restarts without counting,
-so nodes disagree (pytorch/pytorch#135712). The handshake below needs no shared counter:
+torchrun's agent store outlives the workers, so a restarted worker's process groups would read
+a failed attempt's keys. The ranks of one attempt agree on a random token and use
+`PrefixStore(token)` for everything (docs/fault_tolerance.md), with no shared counter:
 
     rank 0:  token = random; set(LEADER, token); for each rank r: read hello/r, write ack/r/<nonce>
     rank r:  nonce = random; poll { t = get(LEADER); on a new t: set(t/hello/r, nonce);
                                     ack/r/<nonce> under t exists -> agreed on t }
 
-Keys under a fresh token cannot be stale, and an ack names the reader's own nonce, so a
-worker that first read a dead attempt's token never gets an ack there and keeps polling.
-Every worker of an attempt starts after every worker of the previous one was stopped (the
-agents stop their workers before they rendezvous again), so the loop ends as soon as this
-attempt's rank 0 has written its token.
+Keys under a fresh token cannot be stale, and an ack names the reader's own nonce, so a worker
+that first read a dead attempt's token keeps polling until this attempt's rank 0 writes its own.
 """
 import datetime
 import os
