@@ -75,7 +75,7 @@ def validate_gpu_args(args) -> None:
     if ddp_owned and args.dp > 1 and args.parallel.distributed_backend == "gloo" \
             and cuda_available():
         # its parameter all-gather after the step coalesces CUDA tensors, which gloo cannot
-        # (a segfault in megatron-core's start_param_sync, measured on an H200)
+        # (megatron-core's start_param_sync crashes)
         raise ConfigError("--use-distributed-optimizer with --distributed-backend gloo on GPUs: "
                           "megatron-core's parameter all-gather needs NCCL there; use "
                           "--distributed-backend nccl (one rank per GPU) or drop the flag")

@@ -4,7 +4,7 @@
         log.txt                        every iteration and validation line of the last rank
         events.out.tfevents.*          TensorBoard scalars
 
-Without --experiment-name, TensorBoard goes to --tensorboard-dir as before and no log file is
+Without --experiment-name, TensorBoard goes to --tensorboard-dir itself and no log file is
 written. Only the last rank (which holds the loss) writes.
 """
 import os

@@ -54,7 +54,7 @@ def have_transformer_engine() -> bool:
 
 
 def default_impl() -> str:
-    """GPU: sdpa. CPU: local (the tests' reference, bit for bit what earlier releases ran).
+    """GPU: sdpa. CPU: local (the tests' reference).
 
     Transformer Engine is opt-in: its spec fuses the layer norms into the linears and renames
     their parameters (linear_qkv.layer_norm_weight, ...), which tools/checkpoint's Hugging Face
