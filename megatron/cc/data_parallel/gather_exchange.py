@@ -1,18 +1,11 @@
 """Compressed averaging of a flat vector by one all-gather of fixed-size payloads (SparseLoCo).
 
-Every replica compresses its whole vector once (no second, server-side compression as in the
-sharded exchange: a sum of sparse payloads is not sparse), the byte buffers of all D replicas
-are all-gathered, and every replica decodes the same D buffers in rank order and averages
-them, so the result is bit-identical everywhere. all_gather is one of the collectives both
-gloo and NCCL run on CUDA tensors, so nothing is staged through the host.
-
-Bytes: a replica's payload of P bytes (the codec's formula, from n alone) reaches every
-other replica: a ring all-gather puts (D - 1) P on each rank's link, a ring all-reduce of x
-bytes 2 (D - 1) x / D. Counted as an all-reduce message, as the other dp exchanges are:
+Every replica compresses its whole vector once (a sum of sparse payloads is not sparse, so
+there is no server-side step as in the sharded exchange); all D payloads are all-gathered and
+decoded in rank order on every replica, so the mean is bit-identical everywhere. Bytes, as an
+all-reduce message of the same per-link ring traffic, for a payload of P bytes:
 
     counted = D * P / 2          (D = 2: exactly P, what crosses each link per direction)
-
-so `raw / counted` compares the same per-link ring traffic.
 """
 from typing import Tuple
 

@@ -7,8 +7,7 @@ Llama/Qwen, OPT, GPT-NeoX and GPT-J families (tools/checkpoint/hf_families maps 
 
 Initial weights depend on --seed alone, never on the tp/pp split: every parameter is drawn
 from a generator keyed by (seed, its name in the *unsplit* model), in its full shape, and then
-sliced to this rank's shard. Stock Megatron offsets seeds by pipeline rank, so the same seed
-gives different models at different layouts; here, comparing layouts compares like with like.
+sliced to this rank's shard, so comparing layouts compares like with like.
 """
 import hashlib
 import math
@@ -106,14 +105,11 @@ def _build_chunk(args, config: TransformerConfig, padded_vocab_size: int, topo: 
 
 
 class ModelChunks(torch.nn.Module):
-    """The model chunks of one rank under interleaved 1F1B, as one module.
-
-    Megatron-LM keeps a list of chunks, each in its own DDP; here the chunks sit in one
-    module under one DDP, so the grad buffers, the optimizer, the dp channels and the
-    parameter-syncing modes see one model, as at vp = 1. `chunk` picks which runs. The
-    embedding lives in chunk 0 of pp rank 0, the output layer in the last chunk of the last
-    rank: the attributes below are theirs, so the emb channel (plain or fused) finds the
-    tied weight through shared_embedding_weight as it does for a GPTModel.
+    """The model chunks of one rank under interleaved 1F1B, as one module under one DDP, so
+    the optimizer and the dp channels see one model, as at vp = 1. `chunk` picks which runs.
+    The attributes below are the embedding's chunk's (chunk 0 of pp rank 0) and the output
+    layer's (last chunk of the last rank), so the emb channel finds the tied weight as it
+    does for a GPTModel.
     """
 
     def __init__(self, chunks):

@@ -1,14 +1,9 @@
 """Silence megatron-core's import-time warnings about Transformer Engine and Apex being absent.
 
-megatron-core 0.16 warns once per module (optimizer, clip_grads, backends, the layer specs, the
-FSDP mixed-precision helper): six UserWarnings at every start of every tool, although the torch
-fallbacks it announces are what this project runs on CPU and what its local spec uses on GPUs.
-Only those exact messages, raised from megatron.core modules, are filtered; any other warning
-still shows. `fallback_note()` is the one line a GPU training run prints instead (pretrain_gpt.py).
-
-The filter must be installed before megatron.core is first imported: megatron/training/__init__.py
-installs it, and every process reaches megatron.core through megatron.training (megatron/cc never
-imports it).
+The torch fallbacks they announce are what this project runs on CPU and what its local spec
+uses on GPUs. Only those exact messages, raised from megatron.core modules, are filtered;
+`fallback_note()` is the one line a GPU training run prints instead. The filter must be
+installed before megatron.core is first imported, which megatron/training/__init__.py does.
 """
 import importlib.util
 import warnings
