@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from megatron.cc.common.config_fields import ConfigError, check_bounds, flag, flag_fields
-from megatron.cc.data_parallel.registry import DpConfig, dp_sections
-from megatron.cc.embedding.registry import EmbConfig
-from megatron.cc.pipeline.registry import LowRank, PpConfig, Subspace, pp_sections
+from megatron.cc.data_parallel.registry import DpRules, dp_sections
+from megatron.cc.embedding.registry import EmbRules
+from megatron.cc.pipeline.registry import LowRank, PpRules, Subspace, pp_sections
 from megatron.cc.tensor_parallel.powersgd import TpPowerSGD
 
 
@@ -48,7 +48,7 @@ class RunOptions:
              "(megatron/cc/plan/quality.py's measured gaps; unmeasured schemes are left out).")
 
 
-class CompressionConfig(DpConfig, PpConfig, EmbConfig):
+class CompressionConfig(DpRules, PpRules, EmbRules):
     """Every section's instance; built from flat field values (`CompressionConfig(
     forward_bits=4)`, unknown names refused), read and written by flat name or by section."""
 

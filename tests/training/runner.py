@@ -2,6 +2,17 @@
 import torch.distributed as dist
 
 
+def destroy_subgroups():
+    """Every process group but the default one: megatron-core's destroy_model_parallel drops its
+    references, but torch keeps each group (and its gloo threads, which poll) until destroyed,
+    so a rank running several trainings would pile them up."""
+    from torch.distributed import distributed_c10d as c10d
+    default = c10d._get_default_group()
+    for pg in list(c10d._world.pg_map):
+        if pg is not default:
+            dist.destroy_process_group(pg)
+
+
 def _run(argv, world_size, after_train=None):
     """Parse, initialise, train, tear down; return (last rank's losses, after_train(trainer))."""
     from megatron.training.flags.arguments import parse_args
@@ -19,6 +30,7 @@ def _run(argv, world_size, after_train=None):
     losses = list(trainer.loss_history)
     trainer.close()
     ps.destroy_model_parallel()
+    destroy_subgroups()
     return (losses if dist.get_rank() == dist.get_world_size() - 1 else None), extra
 
 

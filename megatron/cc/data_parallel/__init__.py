@@ -1,6 +1,6 @@
 """The data-parallel channel: one plug-in per --dp-mode, each beside its implementation.
 
-    registry.py       DP_MODES, DpConfig (every mode's fields), build_dp_channel
+    registry.py       DP_MODES, dp_sections (the config dataclasses), DpRules, build_dp_channel
     base.py           DpMode (a plug-in: flags, checks, `build` of the channel), DpRun
     allreduce.py      --dp-mode allreduce: exact, or --grad-comp PowerSGD (powersgd.py,
                       randomized_svd.py, overlap.py)

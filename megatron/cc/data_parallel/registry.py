@@ -77,7 +77,7 @@ class DpChannel:   # the flags of every mode
              "in [0, 1)) of its compute time per iteration, to emulate a heterogeneous cluster.")
 
 
-class DpConfig:
+class DpRules:
     """The dp channel's rules over the whole CompressionConfig (its fields live in
     dp_sections())."""
 

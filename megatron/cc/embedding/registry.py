@@ -11,7 +11,7 @@ from megatron.cc.grad_sync.sync import EmbeddingSync
 EMB = (FusedEmbedding, EmbPowerSGD)
 
 
-class EmbConfig:
+class EmbRules:
     """The emb channel's rules over the whole CompressionConfig (its fields: EMB's)."""
 
     def fused_embedding(self, pp: int) -> bool:

@@ -1,7 +1,7 @@
 """The pipeline channels (pp-fwd: activations forward, pp-bwd: their gradients back).
 
     registry.py       FWD / BWD: one plug-in per --forward- / --backward-compress-method;
-                      PpConfig (their fields), pp_link / pp_codec
+                      pp_sections (the config dataclasses), PpRules, pp_link / pp_codec
     base.py           PpMethod (a plug-in: flags, checks, `build` of the link end), LinkEnd,
                       Warmup
     fixpoint.py, fixpoint_bwd.py, delta.py, delta_lowbits.py, tah.py, lowrank.py,

@@ -23,7 +23,7 @@ from megatron.cc.pipeline.tah import TAH
 FWD = {m.name: m for m in (PpMethod, Fixpoint, Delta, DeltaLowbits, TAH, Subspace)}
 BWD = {m.name: m for m in (PpMethod, FixpointBackward, LowRank, Subspace)}
 
-__all__ = ["BWD", "FWD", "LinkEnd", "LowRank", "PpConfig", "Subspace", "pp_codec", "pp_link",
+__all__ = ["BWD", "FWD", "LinkEnd", "LowRank", "PpRules", "Subspace", "pp_codec", "pp_link",
            "pp_method", "pp_sections", "Warmup"]
 
 
@@ -72,7 +72,7 @@ class PpChannel:   # the flags both pipeline channels share
                             "split (activation caches fill); converted to whole iterations.")})
 
 
-class PpConfig:
+class PpRules:
     """The pipeline channels' rules over the whole CompressionConfig (its fields live in
     pp_sections())."""
 
