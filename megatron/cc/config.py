@@ -12,7 +12,7 @@ from typing import Optional
 
 from megatron.cc.common.config_fields import ConfigError, check_bounds, flag, flag_fields
 from megatron.cc.data_parallel.registry import DpRules, dp_sections
-from megatron.cc.embedding.registry import EmbRules
+from megatron.cc.embedding.registry import EmbRules, emb_sections
 from megatron.cc.pipeline.registry import LowRank, PpRules, Subspace, pp_sections
 from megatron.cc.tensor_parallel.powersgd import TpPowerSGD
 
@@ -55,8 +55,7 @@ class CompressionConfig(DpRules, PpRules, EmbRules):
     @staticmethod
     def section_types() -> tuple:
         """The sections, in --help order, from the channels' registries as they are now."""
-        import megatron.cc.embedding.registry as emb
-        return (*emb.EMB, *pp_sections(), *dp_sections(), RunOptions, TpPowerSGD)
+        return (*emb_sections(), *pp_sections(), *dp_sections(), RunOptions, TpPowerSGD)
 
     def __init__(self, **values):
         sections = {}

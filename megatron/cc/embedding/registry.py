@@ -11,6 +11,11 @@ from megatron.cc.grad_sync.sync import EmbeddingSync
 EMB = (FusedEmbedding, EmbPowerSGD)
 
 
+def emb_sections() -> tuple:
+    """The emb channel's config dataclasses: its plug-ins, in EMB's order."""
+    return EMB
+
+
 class EmbRules:
     """The emb channel's rules over the whole CompressionConfig (its fields: EMB's)."""
 
