@@ -28,6 +28,17 @@ def flag_fields(cls) -> list:
     return [(t, f) for t in types for f in dataclasses.fields(t)]
 
 
+def channel_sections(shared, plugins) -> tuple:
+    """A channel's config dataclasses: `shared` (the flags of every method), then each plug-in's
+    `sections` (flags it shares with others) and the plug-in itself if it has fields, in order,
+    each once."""
+    out = [shared]
+    for m in plugins:
+        out += [*m.sections, *([m] if dataclasses.is_dataclass(m) and dataclasses.fields(m)
+                               else [])]
+    return tuple(dict.fromkeys(out))
+
+
 def check_bounds(config) -> None:
     """ConfigError naming the flag of the first field outside its `low` / `high` bounds."""
     for _, f in flag_fields(type(config)):

@@ -4,11 +4,10 @@ A plug-in (base.DpMode) owns its flags as dataclass fields, their checks (`check
 `build(c, topo, stats, run)` that returns the finished SyncChannel; CompressionConfig holds an
 instance of each (`dp_sections`). Adding a mode: a file here and a line in DP_MODES.
 """
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from megatron.cc.common.config_fields import ConfigError, flag
+from megatron.cc.common.config_fields import ConfigError, channel_sections, flag
 from megatron.cc.data_parallel.adpsgd import ADPSGD
 from megatron.cc.data_parallel.allreduce import AllReduce
 from megatron.cc.data_parallel.base import DpRun
@@ -40,11 +39,7 @@ class ModeNames:
 def dp_sections() -> tuple:
     """The dp channel's config dataclasses: its shared flags, then each mode's sections and
     own fields, in registry order."""
-    out = [DpChannel]
-    for m in DP_MODES.values():
-        out += [*m.sections, *([m] if dataclasses.is_dataclass(m) and dataclasses.fields(m)
-                               else [])]
-    return tuple(dict.fromkeys(out))
+    return channel_sections(DpChannel, DP_MODES.values())
 
 
 @dataclass

@@ -6,11 +6,10 @@ A plug-in (base.PpMethod) owns its flags as dataclass fields, their checks (`che
 holds an instance of each (`pp_sections`). Adding a method: a file here and a line in FWD or
 BWD.
 """
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from megatron.cc.common.config_fields import ConfigError, flag
+from megatron.cc.common.config_fields import ConfigError, channel_sections, flag
 from megatron.cc.pipeline.base import LinkEnd, PpMethod, Warmup
 from megatron.cc.pipeline.delta import Delta
 from megatron.cc.pipeline.delta_lowbits import DeltaLowbits
@@ -30,11 +29,7 @@ __all__ = ["BWD", "FWD", "LinkEnd", "LowRank", "PpRules", "Subspace", "pp_codec"
 def pp_sections() -> tuple:
     """The pipeline channels' config dataclasses: the shared flags, then each method's
     sections and own fields (FWD's, then BWD's)."""
-    out = [PpChannel]
-    for m in (*FWD.values(), *BWD.values()):
-        out += [*m.sections, *([m] if dataclasses.is_dataclass(m) and dataclasses.fields(m)
-                               else [])]
-    return tuple(dict.fromkeys(out))
+    return channel_sections(PpChannel, (*FWD.values(), *BWD.values()))
 
 
 @dataclass
