@@ -38,7 +38,7 @@ def named_grads(model):
 
 def with_compression(args, **changes):
     """A copy of args whose CompressionConfig has `changes` (validated like the flags)."""
-    comp = dataclasses.replace(args.compression, **changes)
+    comp = args.compression.replace(**changes)
     comp.validate(pp=args.pp, dp=args.dp, tp=args.tp)
     return dataclasses.replace(args, compression=comp)
 
