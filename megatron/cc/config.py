@@ -100,6 +100,8 @@ class CompressionConfig(DpRules, PpRules, EmbRules):
     def replace(self, **changes) -> "CompressionConfig":
         return type(self)(**{**self.values(), **changes})
 
+    __copy__ = replace   # a copy's sections are its own, as a dataclass copy's fields
+
     @classmethod
     def default(cls, name: str):
         f = next(f for _, f in flag_fields(cls) if f.name == name)
