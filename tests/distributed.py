@@ -15,6 +15,7 @@ time is passed along, since a forkserver child would otherwise see the server's.
 """
 import functools
 import os
+import pickle
 import socket
 import traceback
 
@@ -52,7 +53,8 @@ def _entry(worker, rank, world_size, port, args, queue, env):
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         out = worker(rank, world_size, *args)
-        queue.put((rank, True, out))
+        # by value: a tensor sent as a shared-memory handle is gone once this rank exits
+        queue.put((rank, True, pickle.dumps(out)))
     except BaseException:  # report everything, including SystemExit from argument checks
         queue.put((rank, False, traceback.format_exc()))
     finally:
@@ -100,7 +102,7 @@ def run_distributed(worker, world_size, args=(), timeout=300):
                     raise RuntimeError(f"rank(s) {dead} died with exit codes "
                                        f"{[procs[i].exitcode for i in dead]}")
                 continue
-            (results if ok else errors)[rank] = out
+            (results if ok else errors)[rank] = pickle.loads(out) if ok else out
             if errors:  # one failure is enough: the others may be stuck in a collective
                 break
     finally:

@@ -86,7 +86,8 @@ def test_demo_bytes_match_the_record(tiny_corpus, tmp_path):
            "--master-port", str(free_port()), os.path.join(ROOT, "pretrain_gpt.py")] + argv
     r = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
                        capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-1500:]
+    errors = [line for line in (r.stdout + r.stderr).splitlines() if "error" in line.lower()]
+    assert r.returncode == 0, "\n".join(errors[:20]) + r.stdout[-2000:]
     measured = _channels(_iteration_lines(r.stdout)[-1])
     recorded = _channels(_iteration_lines(_recorded_log())[-1])
     assert measured == recorded, (measured, recorded)
