@@ -34,8 +34,11 @@ def _recorded_log():
 
 def _demo_command():
     """The pretrain_gpt.py argument list `make demo` runs (continuation lines joined)."""
-    out = subprocess.run(["make", "-n", "-s", "demo"], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.replace("\\\n", " ")
+    # the demo as the README runs it: a `make test ARGS=...` around this test must not
+    # hand its pytest flags to the demo through MAKEFLAGS
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    out = subprocess.run(["make", "-n", "-s", "demo", "ARGS="], cwd=ROOT, capture_output=True,
+                         text=True, check=True, env=env).stdout.replace("\\\n", " ")
     line = next(ln for ln in out.splitlines() if "pretrain_gpt.py" in ln)
     words = shlex.split(line)
     return words[words.index("pretrain_gpt.py") + 1:], \
