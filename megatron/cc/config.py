@@ -10,7 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from megatron.cc.common.config_fields import ConfigError, check_bounds, flag, flag_fields
+from megatron.cc.common.config_fields import (ConfigError, check_bounds, field_default, flag,
+                                             flag_fields)
 from megatron.cc.data_parallel.registry import DpRules, dp_sections
 from megatron.cc.embedding.registry import EmbRules, emb_sections
 from megatron.cc.pipeline.registry import LowRank, PpRules, Subspace, pp_sections
@@ -104,8 +105,7 @@ class CompressionConfig(DpRules, PpRules, EmbRules):
 
     @classmethod
     def default(cls, name: str):
-        f = next(f for _, f in flag_fields(cls) if f.name == name)
-        return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        return field_default(next(f for _, f in flag_fields(cls) if f.name == name))
 
     def __eq__(self, other):
         return type(other) is type(self) and self.values() == other.values()

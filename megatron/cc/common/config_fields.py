@@ -21,6 +21,11 @@ def flag(default, help: str, *, aliases=(), choices=None, type=None, spellings=N
     return dataclasses.field(default=default, metadata=meta)
 
 
+def field_default(f: dataclasses.Field):
+    """A field's default value (its factory called for a mutable one)."""
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
 def flag_fields(cls) -> list:
     """(owner class, field) of every flag of the config class `cls`: its dataclass fields, or,
     for a config composed of sections (`section_types()`), each section's in turn."""

@@ -6,13 +6,13 @@ this module only turns fields into argparse flags and back. A field `foo_bar` be
 Optimus-CC's underscore flags run unchanged. Extra spellings go in metadata["aliases"].
 """
 import argparse
-import dataclasses
 import difflib
 import os
 import time
 import typing
 
-from megatron.cc.common.config_fields import ConfigError, flag, flag_fields  # noqa: F401  (re-exported)
+from megatron.cc.common.config_fields import (ConfigError, field_default, flag,  # noqa: F401
+                                             flag_fields)   # (ConfigError, flag: re-exported)
 
 
 class FlagParser(argparse.ArgumentParser):
@@ -79,7 +79,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str) -> Non
         if "_" in f.name:
             names.append("--" + f.name)
         names += [a for a in f.metadata.get("aliases", ()) if a not in names]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = field_default(f)
         for name, (parse, help_) in (f.metadata.get("spellings") or {}).items():
             spelled = dict.fromkeys([name, "--" + name[2:].replace("-", "_")])
             group.add_argument(*spelled, dest=f.name, default=default, type=parse, help=help_,
