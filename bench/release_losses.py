@@ -10,11 +10,10 @@ standard library and reused by the second, so both train on the same tokens.
     python bench/release_losses.py --compare /tmp/a.json /tmp/b.json
 """
 import argparse
-import glob
 import json
 import os
+import pathlib
 import sys
-import sysconfig
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,18 +28,9 @@ def corpus(directory: str) -> dict:
     if os.path.exists(info):
         with open(info) as f:
             return json.load(f)
-    from tokenizers import ByteLevelBPETokenizer
-    from tests.conftest import write_indexed
+    from tests.conftest import make_tiny_corpus   # the suite's tiny corpus, kept on disk
     os.makedirs(directory, exist_ok=True)
-    files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[:120]
-    texts = [open(f, encoding="utf-8", errors="ignore").read()[:12000] for f in files]
-    tok = ByteLevelBPETokenizer()
-    tok.train_from_iterator(texts, vocab_size=1024, special_tokens=["<|endoftext|>"])
-    tok.save_model(directory)
-    prefix = write_indexed(texts, tok, tok.token_to_id("<|endoftext|>"),
-                           os.path.join(directory, "text_document"))
-    c = {"vocab": os.path.join(directory, "vocab.json"),
-         "merges": os.path.join(directory, "merges.txt"), "prefix": prefix, "dir": directory}
+    c = make_tiny_corpus(pathlib.Path(directory))
     with open(info, "w") as f:
         json.dump(c, f)
     return c

@@ -17,10 +17,14 @@ def _local_texts(limit=120, max_chars=12000):
 
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory):
-    """vocab.json/merges.txt (1024 tokens) and a <prefix>.bin/.idx made of stdlib sources."""
+    return make_tiny_corpus(tmp_path_factory.mktemp("tiny_corpus"))
+
+
+def make_tiny_corpus(root):
+    """vocab.json/merges.txt (1024 tokens) and a <prefix>.bin/.idx made of stdlib sources, in
+    the directory `root` (a pathlib.Path)."""
     from tokenizers import ByteLevelBPETokenizer
 
-    root = tmp_path_factory.mktemp("tiny_corpus")
     texts = _local_texts()
     tok = ByteLevelBPETokenizer()
     # 1024 = 128 x 8: Megatron's vocab padding is the same for every tp <= 8.
