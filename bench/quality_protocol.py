@@ -168,7 +168,14 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
                    + ["--subspace-constrain", "boundary"]),
              tuned_on=("code",), frontier=True,
              source=f"bench_subspace sub-k{k}-b{b} --subspace-constrain boundary")
-      for k, b in ((10, 4), (13, 3), (20, 2))],
+      for k, b in ((10, 4), (13, 3), (20, 2), (24, 4))],
+    # the boundary's encoder and decoder trained (both start at U)
+    *[Method(f"subspace-k{k}-b{b}-learned", "pp",
+             tuple(bench_subspace.run_flags(f"sub-k{k}-b{b}")
+                   + ["--subspace-constrain", "learned"]),
+             tuned_on=("code", "markov"), frontier=True,
+             source=f"bench_subspace sub-k{k}-b{b} --subspace-constrain learned")
+      for k, b in ((10, 4), (24, 4), (8, 5))],
     Method("allreduce", "dp", tuple(bench_dp_modes.RUNS["allreduce"]),
            source="bench_dp_modes allreduce"),
     Method(DILOCO_RECIPE, "dp", tuple(bench_dp_modes.RUNS[DILOCO_RECIPE]),

@@ -10,7 +10,10 @@
 - the write scale a (W_eff = a U U^T W): sqrt(k / H) by default, applied to every write, and
   a checkpoint saved before it existed loads with a = 1;
 - --subspace-constrain boundary: the layers write at full width (their gradients are not
-  confined to k dimensions), only the stage boundary projects, on the same wire.
+  confined to k dimensions), only the stage boundary projects, on the same wire;
+- --subspace-constrain learned: each boundary's encoder and decoder start at U (the first
+  iteration's loss and every other gradient are the fixed boundary's), get gradients, are
+  named after their boundary, and resume bit-exact.
 """
 import os
 
@@ -110,9 +113,9 @@ def test_layout_222_matches_111(tiny_corpus):
         assert abs(a - b) <= REL_TOL * abs(b), (i, a, b)
 
 
-def _resume_worker(rank, world, corpus, ckpt):
+def _resume_worker(rank, world, corpus, ckpt, extra=None):
     common = {"pipeline-model-parallel-size": 2, "train-iters": 6,
-              "forward-compress-method": "subspace", "subspace-rank": K}
+              "forward-compress-method": "subspace", "subspace-rank": K, **(extra or {})}
     straight = runner.train(tiny_gpt_argv(corpus, **common), world)
     first = runner.train(tiny_gpt_argv(corpus, **common, save=ckpt, **{"exit-interval": 3}),
                          world)
@@ -120,9 +123,10 @@ def _resume_worker(rank, world, corpus, ckpt):
     return straight, first, resumed
 
 
-def test_resume_is_bit_exact(tiny_corpus, tmp_path):
+@pytest.mark.parametrize("extra", [{}, {"subspace-constrain": "learned"}])
+def test_resume_is_bit_exact(tiny_corpus, tmp_path, extra):
     straight, first, resumed = run_distributed(
-        _resume_worker, 2, (tiny_corpus, str(tmp_path / "ckpt")), timeout=600)[-1]
+        _resume_worker, 2, (tiny_corpus, str(tmp_path / "ckpt"), extra), timeout=600)[-1]
     assert first == straight[:3]
     assert resumed == straight[3:], (resumed, straight[3:])
 
@@ -196,6 +200,10 @@ def test_untied_word_table_sums_only_looked_up_rows(tiny_corpus):
      "give --forward-compress-method subspace"),
     ({"forward-compress-method": "subspace", "subspace-constrain": "boundary",
       "subspace-write-scale": 0.5}, "no write is projected"),
+    ({"subspace-rank": 4, "subspace-constrain": "learned"},
+     "learned projects what crosses a stage boundary; give --forward-compress-method"),
+    ({"forward-compress-method": "subspace", "subspace-constrain": "learned",
+      "subspace-write-scale": 0.5}, "with --subspace-constrain learned no write is projected"),
     ({"forward-compress-method": "subspace", "subspace-write-scale": 0.0}, "must be > 0"),
 ])
 def test_refusals_name_the_flag(tiny_corpus, flags, match):
@@ -296,3 +304,24 @@ def test_boundary_projects_only_the_stage_boundary(tiny_corpus):
                  "decoder.layers.3.mlp.linear_fc2.weight"):
         sv = np.linalg.svd(got[name][0].astype(np.float64), compute_uv=False)
         assert sv[K] > 1e-3 * sv[0], (name, sv[:K + 1])
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_learned_boundary_starts_at_the_fixed_one_and_trains(tiny_corpus, pp):
+    """At initialisation the learned encoder and decoder are U: one iteration gives the fixed
+    boundary's loss and gradients; the learned ones have their own, named per boundary."""
+    import numpy as np
+    learned = {"subspace-constrain": "learned"}
+    loss, got = run_distributed(_pp_worker, pp, (tiny_corpus, learned, pp), timeout=300)[-1]
+    ref_loss, ref = run_distributed(_pp_worker, pp, (tiny_corpus, BOUNDARY, pp),
+                                    timeout=300)[-1]
+    assert loss[0] == ref_loss[0]
+    layers = 4
+    ends = {f"subspace_boundary.{b}.{end}" for b in range(layers // pp, layers, layers // pp)
+            for end in ("encoder", "decoder")}
+    assert set(got) == set(ref) | ends
+    for name in ref:
+        assert all(np.array_equal(a, b) for a, b in zip(got[name], ref[name])), name
+    for name in ends:
+        (g,) = got[name]
+        assert g.shape == (32, K) and np.abs(g).max() > 0, name

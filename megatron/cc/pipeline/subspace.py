@@ -48,8 +48,10 @@ class Subspace(PpMethod):
                   "output projection on every stage, as Subspace Networks: the residual stream "
                   "itself stays k-dimensional) or boundary (only what crosses a stage "
                   "boundary: each stage's output is projected, c = U^T (x - x0), and its layers "
-                  "write at full width). Needs --forward-compress-method subspace.",
-        choices=["writes", "boundary"])
+                  "write at full width) or learned (boundary with a trained encoder E on the "
+                  "sending stage and decoder D on the receiving one, both starting at U: "
+                  "c = E^T (x - x0), x = x0 + D c). Needs --forward-compress-method subspace.",
+        choices=["writes", "boundary", "learned"])
     subspace_write_scale: Optional[float] = flag(
         None, "a in W_eff = a U U^T W for every constrained write. Default sqrt(k / "
               "--hidden-size): a write keeps the per-direction size of an unconstrained one "

@@ -175,7 +175,8 @@ def global_param_names(model: GPTModel) -> Iterator[Tuple[str, str, torch.nn.Par
     offsets = {i: layer.layer_number - 1 for i, layer in enumerate(layers)}
     for name, param in model.named_parameters():
         gname = _LAYER.sub(lambda mt: f"decoder.layers.{offsets[int(mt.group(1))]}.", name)
-        gname = subspace.global_name(gname)   # a stage's x0 embedding copy is the embedding
+        # a stage's x0 embedding copy is the embedding; a learned boundary is named by its place
+        gname = subspace.global_name(gname, offsets.get(0, 0), len(layers))
         if gname == "output_layer.weight" and model.share_embeddings_and_output_weights:
             gname = "embedding.word_embeddings.weight"
         yield name, gname, param
@@ -219,6 +220,9 @@ def _generator(seed: int, name: str) -> torch.Generator:
 
 def initial_value(gname: str, shape, seed: int, std: float, num_layers: int) -> torch.Tensor:
     """Megatron's GPT initialisation of one unsplit parameter, keyed by seed and name."""
+    fixed = subspace.initial_value(gname, shape, seed)
+    if fixed is not None:
+        return fixed
     if "layernorm" in gname or "layer_norm" in gname or gname.endswith(("norm.weight",
                                                                         "norm.bias")):
         return torch.ones(shape) if gname.endswith("weight") else torch.zeros(shape)

@@ -20,7 +20,8 @@ from megatron.core.models.gpt import GPTModel
 
 # the flag helpers live apart so that checking the flags needs no megatron-core import
 from megatron.training.model.subspace_flags import (  # noqa: F401  (re-exported)
-    bits, constrains_writes, pipeline_width, rank, sends_coefficients, validate, write_scale)
+    bits, constrains_writes, learns_boundary, pipeline_width, rank, sends_coefficients, validate,
+    write_scale)
 
 WRITE_SCALE = "subspace_write_scale"   # the buffer holding the write scale a
 
@@ -48,10 +49,17 @@ class SubspaceGPTModel(GPTModel):
     """
 
     def constrain(self, k: int, seed: int, sends_coefficients: bool, scale: float,
-                  writes: bool = True) -> None:
+                  writes: bool = True, learned: bool = False) -> None:
         h = self.config.hidden_size
         # saved with the model: an imported model's U is chosen from its weights
-        self.register_buffer("subspace_basis", basis(seed, h, k), persistent=True)
+        u = basis(seed, h, k)
+        self.register_buffer("subspace_basis", u, persistent=True)
+        # learned: the sender's encoder and the receiver's decoder are this stage's own
+        # parameters (nothing to synchronise); both start at U, i.e. at the boundary model
+        self.subspace_encoder = torch.nn.Parameter(u.clone()) \
+            if learned and not self.post_process else None
+        self.subspace_decoder = torch.nn.Parameter(u.clone()) \
+            if learned and not self.pre_process else None
         self.register_buffer(WRITE_SCALE, torch.tensor(float(scale)), persistent=True)
         self.sends_coefficients = sends_coefficients
         self._coefficients = None
@@ -106,13 +114,15 @@ class SubspaceGPTModel(GPTModel):
         if self.pre_process:
             decoder_input = x0
         else:
-            self.decoder.set_input_tensor(x0 + (self._coefficients.float() @ u.t()).to(x0.dtype))
+            d = u if self.subspace_decoder is None else self.subspace_decoder.float()
+            self.decoder.set_input_tensor(x0 + (self._coefficients.float() @ d.t()).to(x0.dtype))
         out = super().forward(input_ids, position_ids, attention_mask,
                               decoder_input=decoder_input, labels=labels, **kwargs)
         if self.post_process:
             return out
         # (S, B, k): what crosses to the next stage, in the pipeline dtype
-        return ((out - x0).float() @ u).to(out.dtype)
+        e = u if self.subspace_encoder is None else self.subspace_encoder.float()
+        return ((out - x0).float() @ e).to(out.dtype)
 
 
 def gpt_class(args):
@@ -125,7 +135,7 @@ def constrain(model, args) -> None:
     the embedding's values by its global name)."""
     if isinstance(model, SubspaceGPTModel):
         model.constrain(rank(args), args.training.seed, sends_coefficients(args),
-                        write_scale(args), constrains_writes(args))
+                        write_scale(args), constrains_writes(args), learns_boundary(args))
 
 
 def fill_old_state(saved: dict, expected: dict) -> None:
@@ -137,10 +147,25 @@ def fill_old_state(saved: dict, expected: dict) -> None:
             saved[key] = torch.ones((), dtype=torch.float32)
 
 
-def global_name(name: str) -> str:
-    """The x0 copy's parameters are the embedding's: same global name, same values."""
-    return "embedding." + name[len("x0_embedding."):] if name.startswith("x0_embedding.") \
-        else name
+def global_name(name: str, layers_before: int = 0, local_layers: int = 0) -> str:
+    """The x0 copy's parameters are the embedding's: same global name, same values. A learned
+    boundary's encoder and decoder are named after the boundary: the number of layers before it
+    (the stage's first layer for a decoder, after its last one for an encoder)."""
+    if name.startswith("x0_embedding."):
+        return "embedding." + name[len("x0_embedding."):]
+    if name == "subspace_decoder":
+        return f"subspace_boundary.{layers_before}.decoder"
+    if name == "subspace_encoder":
+        return f"subspace_boundary.{layers_before + local_layers}.encoder"
+    return name
+
+
+def initial_value(gname: str, shape, seed: int):
+    """A learned boundary's encoder / decoder start at U (the fixed boundary's model); None for
+    every other parameter."""
+    if gname.startswith("subspace_boundary."):
+        return basis(seed, *shape)
+    return None
 
 
 # --------------------------------------------------------------------------- gradient sync

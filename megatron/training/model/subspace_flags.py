@@ -31,6 +31,11 @@ def constrains_writes(args) -> bool:
     return args.compression.subspace_constrain == "writes"
 
 
+def learns_boundary(args) -> bool:
+    """The stage boundary's encoder and decoder are trained (else both are the fixed U)."""
+    return args.compression.subspace_constrain == "learned"
+
+
 def pipeline_width(args) -> int:
     """Last dim of a pipeline message: k coefficients, or H."""
     return rank(args) if sends_coefficients(args) else args.model.hidden_size
@@ -43,9 +48,9 @@ def validate(args) -> None:
     if not sends_coefficients(args) and c.subspace_bits is not None:
         raise ConfigError(f"--subspace-bits sets the coefficients' bits of {method}, but "
                           f"--forward-compress-method is {c.forward_compress_method}")
+    mode = f"--subspace-constrain {c.subspace_constrain}"
     if not constrains_writes(args) and not sends_coefficients(args):
-        raise ConfigError(f"--subspace-constrain boundary projects what crosses a stage "
-                          f"boundary; give {method} too")
+        raise ConfigError(f"{mode} projects what crosses a stage boundary; give {method} too")
     if k is None:
         if c.subspace_write_scale is not None:
             raise ConfigError("--subspace-write-scale scales the subspace model's writes; give "
@@ -72,8 +77,8 @@ def validate(args) -> None:
         raise ConfigError(f"{who} with --virtual-pipeline-model-parallel-size {args.vp}: "
                           f"interleaved chunks are not built for it yet; drop the flag")
     if not constrains_writes(args) and c.subspace_write_scale is not None:
-        raise ConfigError("--subspace-write-scale scales the projected writes; with "
-                          "--subspace-constrain boundary no write is projected: drop it")
+        raise ConfigError(f"--subspace-write-scale scales the projected writes; with {mode} "
+                          f"no write is projected: drop it")
     if not sends_coefficients(args):
         return
     if args.pp == 1:
