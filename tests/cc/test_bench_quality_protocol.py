@@ -33,17 +33,22 @@ def test_default_grid():
     jobs = qp.build_grid(qp.select_methods(None), ALL, list(qp.CLAIM_SEEDS),
                          list(qp.DEFAULT_SHAPES), 300)
     ids = [j.run_id for j in jobs]
-    assert len(ids) == len(set(ids)) == 145
+    # demo: 3 corpora x (2 seeds x (2 pp + 4 dp) + 11 seed methods); large: 2 corpora x 6
+    assert len(ids) == len(set(ids)) == 3 * (2 * 6 + 11) + 2 * 6 == 81
     warm = [j for j in jobs if j.warm]
-    assert len(warm) == 15 and jobs[:15] == warm          # 5 (corpus, shape) x 3 seeds, first
+    assert len(warm) == 8 and jobs[:8] == warm          # 3 corpora x 2 seeds + 2 large, first
     assert not any(j.shape == "large" and j.corpus == "markov" for j in jobs)
     by = {j.run_id: j for j in jobs}
-    # claim methods and references on every seed, seed methods on the first
+    # claim methods and references on every seed at the demo shape, on the first at large;
+    # seed methods on the first seed at the demo shape only
     for seed in qp.CLAIM_SEEDS:
-        assert qp.run_id("subspace-k10-b4", "code", seed, "large", 300) in by
         assert qp.run_id("allreduce", "markov", seed, "demo", 300) in by
+        assert (qp.run_id("subspace-k10-b4", "code", seed, "large", 300) in by) == \
+            (seed == qp.CLAIM_SEEDS[0])
+    assert qp.run_id(qp.DILOCO_RECIPE, "embedded", 1234, "large", 300) in by
     assert qp.run_id("cb16-lep", "code", 1234, "demo", 300) in by
     assert qp.run_id("cb16-lep", "code", 4321, "demo", 300) not in by
+    assert not any(j.setting == "seed" and j.shape == "large" for j in jobs)
     d = by[qp.run_id(qp.DILOCO_RECIPE, "code", 4321, "demo", 300)]
     assert d.nproc == 4 and d.deps == [qp.warm_id("code", 4321, "demo", 300)]
     # imported rows, not copies; later flags win: the shape's
