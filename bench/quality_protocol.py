@@ -9,22 +9,23 @@ reference of the same setting, corpus, seed and shape):
   pp    tp 1 x pp 2, bench_subspace's flags (dropout off, micro-batch 4, global batch 32):
         pp-baseline (uncompressed) and subspace-k10-b4 (the README's default, x101.6 both
         ways at the demo shape; tuned on the embedded corpus)
-  dp    dp 4, bench_dp_modes' warm-start setting (global batch 128, micro-batch 8; every run
-        starts from `--iters` iterations of all-reduce pretraining on the same corpus, seed and
-        shape, a `warm` run of its own): allreduce, the DiLoCo recipe of x1010.5
+  dp    dp 4, bench_dp_modes' warm-start setting at global batch 32 (the claim's was 128),
+        micro-batch 8; every run starts from `--iters` iterations of all-reduce pretraining on
+        the same corpus, seed and shape, a `warm` run of its own: allreduce, the DiLoCo recipe of x1010.5
         (diloco-Q4-fixpoint-2-rim-a1.2-avg-last3-dpadam, tuned on the embedded corpus) and
         SparseLoCo at its defaults (sparseloco-H15-d1.56-2b-dpadam); rows imported from
         bench_dp_modes.RUNS
-  seed  pp 2 x dp 2, bench_optimus_cc's flags at pp 2 and micro-batch 2 (8 micro-batches per
-        replica): seed-baseline and every seed method, one seed per corpus: CB+LEP, epilogue-only
+  seed  pp 2 x dp 2, bench_optimus_cc's flags at pp 2, micro-batch 2, global batch 16 (4
+        micro-batches per replica): seed-baseline and every seed method, one seed per corpus: CB+LEP, epilogue-only
         CB+LEP, FE, SC (stage 0), AC-SGD fixpoint-4 / delta-4 / delta-lowbits-4/8 and TAH-Quant
         (each with fixpoint-8 gradients back, as bench_activation_compression), CocktailSGD,
         preduce
 
 Shapes: demo (4 layers, hidden 128, 4 heads, seq 128: the Makefile's demo) on every corpus and
-large (8 layers, hidden 256, 8 heads: 5.6x the parameters) on the embedded and code corpora;
-tiny (2 layers, hidden 32) only when asked for. Corpora: bench/quality_corpora.py. Claim
-methods and their references run on every --seeds value, seed methods on the first.
+large (6 layers, hidden 256, 8 heads: 4.4x the parameters; pp and dp settings, first seed) on
+the embedded and code corpora; tiny (2 layers, hidden 32) only when asked for. Corpora:
+bench/quality_corpora.py. Claim methods and their references run on every --seeds value, seed
+methods on the first.
 
 A run whose result.json exists is skipped; a run directory without one (a run cut short) is
 wiped and run again; result.json is written last, atomically. A failed run writes failed.json
@@ -174,7 +175,7 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
                    + ["--subspace-constrain", "boundary"]),
              tuned_on=("code",), frontier=True,
              source=f"bench_subspace sub-k{k}-b{b} --subspace-constrain boundary")
-      for k, b in ((10, 4), (13, 3), (20, 2), (24, 4))],
+      for k, b in ((10, 4), (13, 3), (20, 2), (24, 4), (10, 0), (16, 4), (32, 4))],
     # the boundary's encoder and decoder trained (both start at U)
     *[Method(f"subspace-k{k}-b{b}-learned", "pp",
              tuple(bench_subspace.run_flags(f"sub-k{k}-b{b}")
