@@ -92,11 +92,12 @@ def unconstrain(full: FullCheckpoint) -> FullCheckpoint:
     U, a and the stages' embedding copies dropped."""
     if SUBSPACE_BASIS not in full.params:
         return full
-    if (full.args.get("compression") or {}).get("subspace_constrain") == "boundary":
-        raise SystemExit("this checkpoint was trained with --subspace-constrain boundary: its "
-                         "stage boundaries project the residual stream (x0 + U U^T (x - x0)), "
+    constrain = (full.args.get("compression") or {}).get("subspace_constrain") or "writes"
+    if constrain != "writes":
+        raise SystemExit(f"this checkpoint was trained with --subspace-constrain {constrain}: "
+                         "its stage boundaries carry k directions of the residual stream, "
                          "which a Hugging Face GPT model has no layer for; export needs a "
-                         "checkpoint of the default --subspace-constrain writes")
+                         "checkpoint trained with --subspace-constrain writes")
     n = full.model_args["num_layers"]
     scale = float(full.params.get(SUBSPACE_SCALE, torch.ones(())).double())
     params = project(full.params, full.params[SUBSPACE_BASIS].float(), n, scale)

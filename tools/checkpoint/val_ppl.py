@@ -64,8 +64,9 @@ def eval_args(full: FullCheckpoint, **overrides):
     groups = {name: _build(cls, dict(d.get(name, {}))) for name, cls, _ in A.GROUPS}
     # Uncompressed: nothing crosses a process boundary in one process anyway. But a subspace
     # model (megatron/training/model/subspace.py) is another model: keep its rank.
-    if (d.get("compression") or {}).get("subspace_constrain") == "boundary":
-        raise SystemExit("this checkpoint was trained with --subspace-constrain boundary: its "
+    constrain = (d.get("compression") or {}).get("subspace_constrain") or "writes"
+    if constrain != "writes":
+        raise SystemExit(f"this checkpoint was trained with --subspace-constrain {constrain}: its "
                          "stage boundaries are part of the model, which one process cannot "
                          "build; evaluate it with pretrain_gpt.py at its own "
                          "--pipeline-model-parallel-size (--load it with --train-iters equal "

@@ -159,3 +159,18 @@ def test_import_stores_weights_over_the_write_scale_export_multiplies_it_back():
     for g in params:   # the stored W times a = 1
         torch.testing.assert_close(unconstrain(old).params[g],
                                    project(params, sub.params["subspace_basis"], 1, 1 / 0.3)[g])
+
+
+@pytest.mark.parametrize("constrain", ["boundary", "learned"])
+def test_boundary_checkpoints_are_refused_by_name(constrain):
+    """A checkpoint whose stage boundaries are part of the model is refused by export and by
+    the one-process evaluation, naming its --subspace-constrain."""
+    from tools.checkpoint import subspace_hf, val_ppl
+    from tools.checkpoint.layout import SUBSPACE_BASIS, FullCheckpoint
+    full = FullCheckpoint(params={SUBSPACE_BASIS: torch.eye(4)}, padded_vocab_size=8,
+                          args={"compression": {"subspace_constrain": constrain,
+                                                "forward_compress_method": "subspace"}})
+    with pytest.raises(SystemExit, match=f"--subspace-constrain {constrain}: its stage"):
+        subspace_hf.unconstrain(full)
+    with pytest.raises(SystemExit, match=f"--subspace-constrain {constrain}: its stage"):
+        val_ppl.eval_args(full)
