@@ -105,10 +105,10 @@ def pp_flags(iters: int) -> List[str]:
         "--eval-interval", str(max(1, iters // 3)), "--eval-iters", "4"]
 
 
-def dp_flags(iters: int, name: str = "allreduce") -> List[str]:
-    """bench_dp_modes' common flags in its warm-start setting at DP_BATCH (the warm start's
-    --load is added per run)."""
-    return bench_dp_modes.DEMO + bench_dp_modes.batch_flags(name, DP_BATCH, DP_MICRO) + [
+def dp_flags(iters: int, batch: int = DP_BATCH) -> List[str]:
+    """bench_dp_modes' common flags in its warm-start setting (the warm start's --load is added
+    per run)."""
+    return bench_dp_modes.DEMO + bench_dp_modes.batch_flags("allreduce", batch, DP_MICRO) + [
         "--train-iters", str(iters), "--eval-interval", str(max(iters // 6, 1)),
         "--log-interval", _log_interval(iters)]
 
@@ -135,6 +135,9 @@ class Setting:
 SETTINGS = {
     "pp": Setting("pp", 2, pp_flags, "pp-baseline"),
     "dp": Setting("dp", 4, dp_flags, "allreduce", warm_start=True),
+    # the DiLoCo claim's own batch, to tell a batch effect from a corpus effect
+    "dp-b128": Setting("dp-b128", 4, lambda iters: dp_flags(iters, batch=128), "allreduce-b128",
+                       warm_start=True, shapes=("demo",)),
     "seed": Setting("seed", 4, seed_flags, "seed-baseline", shapes=("demo", "tiny")),
 }
 
@@ -190,6 +193,11 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
            tuned_on=("embedded",), source="bench_dp_modes (README x1010.5)"),
     Method(SPARSELOCO_DEFAULTS, "dp", tuple(bench_dp_modes.RUNS[SPARSELOCO_DEFAULTS]),
            source="bench_dp_modes (SparseLoCo defaults, H 15)"),
+    Method("allreduce-b128", "dp-b128", (), frontier=True,
+           source="bench_dp_modes allreduce at the claim's batch 128"),
+    Method(DILOCO_RECIPE + "-b128", "dp-b128", tuple(bench_dp_modes.RUNS[DILOCO_RECIPE]),
+           tuned_on=("embedded",), frontier=True,
+           source="bench_dp_modes (README x1010.5) at the claim's batch 128"),
     Method("seed-baseline", "seed", (), all_seeds=False, source="bench_optimus_cc baseline"),
     Method("cb16-lep", "seed", tuple(bench_optimus_cc.cb(16) + bench_optimus_cc.LEP),
            all_seeds=False, source="Optimus-CC CB rank 16 + LEP"),
@@ -235,8 +243,8 @@ def run_id(method: str, corpus: str, seed: int, shape: str, iters: int) -> str:
     return f"{method}__{corpus}__s{seed}__{shape}__i{iters}"
 
 
-def warm_id(corpus: str, seed: int, shape: str, iters: int) -> str:
-    return run_id("warm-dp", corpus, seed, shape, iters)
+def warm_id(corpus: str, seed: int, shape: str, iters: int, setting: str = "dp") -> str:
+    return run_id(f"warm-{setting}", corpus, seed, shape, iters)
 
 
 def select_methods(only: Optional[str]) -> List[str]:
@@ -271,7 +279,7 @@ def build_grid(methods: Sequence[str], corpora: Sequence[str], seeds: Sequence[i
                              else seeds[:1]):
                     deps = []
                     if s.warm_start:
-                        wid = warm_id(corpus, seed, shape, iters)
+                        wid = warm_id(corpus, seed, shape, iters, m.setting)
                         deps = [wid]
                         if wid not in jobs:
                             jobs[wid] = Job(wid, "warm", m.setting, corpus, seed, shape, iters,
