@@ -179,7 +179,7 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
              tuned_on=("code", "markov"), frontier=True,
              source=f"bench_subspace sub-k{k}-b{b} --subspace-constrain boundary")
       for k, b in ((10, 4), (13, 3), (20, 2), (24, 4), (10, 0), (16, 4), (32, 4), (48, 4),
-                   (64, 2), (64, 4), (128, 4), (64, 8))],
+                   (64, 2), (64, 4), (128, 4), (64, 8), (96, 4), (128, 3))],
     # the boundary's encoder and decoder trained (both start at U)
     *[Method(f"subspace-k{k}-b{b}-learned", "pp",
              tuple(bench_subspace.run_flags(f"sub-k{k}-b{b}")
