@@ -43,7 +43,7 @@ def test_default_grid():
     # seed methods on the first seed at the demo shape only
     for seed in qp.CLAIM_SEEDS:
         assert qp.run_id("allreduce", "markov", seed, "demo", 300) in by
-        assert (qp.run_id("subspace-k10-b4", "code", seed, "large", 300) in by) == \
+        assert (qp.run_id("subspace-default", "code", seed, "large", 300) in by) == \
             (seed == qp.CLAIM_SEEDS[0])
     assert qp.run_id(qp.DILOCO_RECIPE, "embedded", 1234, "large", 300) in by
     assert qp.run_id("cb16-lep", "code", 1234, "demo", 300) in by
@@ -61,7 +61,8 @@ def test_default_grid():
 
 
 def test_only_filters_and_commands(tmp_path):
-    assert qp.select_methods("subspace*") == ["pp-baseline", "subspace-k10-b4"]
+    assert qp.select_methods("subspace*") == ["pp-baseline", "subspace-default"]
+    assert qp.METHODS["subspace-default"].flags == ("--forward-compress-method", "subspace")
     # settings around a claim (the frontier) run when named, never by a glob or by default
     assert qp.select_methods("subspace-k24-b4") == ["pp-baseline", "subspace-k24-b4"]
     assert "subspace-k24-b4" not in qp.select_methods(None)
@@ -106,14 +107,14 @@ def test_report_arithmetic_and_logged_ratios(tmp_path):
         qp.write_json(os.path.join(out, job.run_id, qp.RESULT), fake_result(job, valid, lines))
     put("pp-baseline", 1, 5.0, [" pp-fwd bytes: 2.000MB (x1.0) |"] * 2)
     put("pp-baseline", 2, 4.0, [" pp-fwd bytes: 2.000MB (x1.0) |"] * 2)
-    put("subspace-k10-b4", 1, 5.1, [" pp-fwd bytes: 2.000MB (x1.0) |",
+    put("subspace-default", 1, 5.1, [" pp-fwd bytes: 2.000MB (x1.0) |",
                                     " pp-fwd bytes: 20.16KB (x101.6) | pp-bwd bytes: 20.16KB (x100.0) |"])
-    put("subspace-k10-b4", 2, 4.02, [" pp-fwd bytes: 20.16KB (x99.6) |"] * 2)
+    put("subspace-default", 2, 4.02, [" pp-fwd bytes: 20.16KB (x99.6) |"] * 2)
     put("allreduce", 1, 3.0, [" dp bytes: 4.000MB (x1.0) |"] * 2)
     # dp sent every other line: bytes averaged over the run, ratio = raw / sent
     put("sparseloco-H15-d1.56-2b-dpadam", 1, 3.3, [" dp bytes: 4.000KB (x1000.0) |", ""])
     rows = {r["method"]: r for r in qp.summarize(qp.load_results(out))}
-    sub = rows["subspace-k10-b4"]
+    sub = rows["subspace-default"]
     assert sub["gaps"] == pytest.approx([0.02, 0.005])
     assert sub["mean_gap"] == pytest.approx(0.0125) and sub["worst_gap"] == pytest.approx(0.02)
     assert sub["mean_ratio"]["pp-fwd"] == pytest.approx((101.6 + 99.6) / 2)   # last line's
@@ -127,7 +128,7 @@ def test_report_arithmetic_and_logged_ratios(tmp_path):
     assert res["bytes_per_iter"]["dp"] == pytest.approx(2048.0)
     text = qp.write_report(out, str(tmp_path / "no-cache"))
     assert (tmp_path / "README.md").read_text() == text
-    line = next(ln for ln in text.splitlines() if ln.startswith("| subspace-k10-b4 |"))
+    line = next(ln for ln in text.splitlines() if ln.startswith("| subspace-default |"))
     assert "+1.25%" in line and "+2.00%" in line and "pp-fwd x100.6, pp-bwd x100.0" in line
     assert "| 1,2 |" in line
     assert "hardware:" in text and "reproduce:" in text

@@ -25,7 +25,8 @@ def test_help_labels_and_table():
     bench = load_bench()
     assert bench.run_flags("none") == []
     assert bench.run_flags("sub-k8-b4") == ["--forward-compress-method", "subspace",
-                                            "--subspace-rank", "8", "--subspace-bits", "4"]
+                                            "--subspace-rank", "8", "--subspace-bits", "4",
+                                            "--subspace-constrain", "writes"]
     with pytest.raises(SystemExit):
         bench.run_flags("sub-8")
     from runlog import RunResult

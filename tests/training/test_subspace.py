@@ -28,7 +28,9 @@ K = 4
 GRAD_TOL = 1e-5   # max |a - b| / max |b| per parameter; measured ~1e-7
 REL_TOL = 1e-5
 CONSTRAINED = {"subspace-rank": K}
-WIRE = {"forward-compress-method": "subspace", "subspace-rank": K, "subspace-bits": 0}
+# the paper's model on the wire (the method's default constrains only the boundary)
+WIRE = {"forward-compress-method": "subspace", "subspace-rank": K, "subspace-bits": 0,
+        "subspace-constrain": "writes"}
 
 
 def _grads_after(trainer):
@@ -180,7 +182,7 @@ def test_untied_word_table_sums_only_looked_up_rows(tiny_corpus):
 @pytest.mark.parametrize("flags,match", [
     ({"forward-compress-method": "subspace", "hidden-dropout": 0.1}, "--hidden-dropout 0"),
     ({"forward-compress-method": "subspace", "pipeline-model-parallel-size": 1},
-     "--subspace-rank 10 alone"),
+     "--subspace-rank 24 alone"),
     ({"forward-compress-method": "subspace", "subspace-rank": 64}, "1..--hidden-size"),
     ({"forward-compress-method": "subspace", "subspace-bits": 9}, "0 .unquantised. or 1..8"),
     ({"forward-compress-method": "subspace", "inter-grad-comp": True},
@@ -226,16 +228,46 @@ def test_overlap_p2p_gives_the_same_losses(tiny_corpus):
     assert len(plain) == 3 and plain == overlapped
 
 
-def test_defaults_meet_100x_both_ways_at_the_demo_shape(tiny_corpus):
-    """make demo's shape (hidden 128, seq 128, micro-batch 4, tp 2 x pp 2 x dp 2)."""
+@pytest.mark.parametrize("hidden", [128, 256])
+def test_defaults_at_the_demo_shape(tiny_corpus, hidden):
+    """make demo's shape (seq 128, micro-batch 4, tp 2 x pp 2 x dp 2): the method alone is the
+    quality protocol's frontier, k = 3H/4 at 4 bits with only the boundary projected (x10.6
+    both ways at tp 1); --subspace-rank alone still constrains the writes."""
     from megatron.training.model import subspace
     from megatron.training.flags.arguments import parse_args
-    argv = tiny_gpt_argv(tiny_corpus, **{
-        "num-layers": 4, "hidden-size": 128, "seq-length": 128, "micro-batch-size": 4,
-        "global-batch-size": 32, "tensor-model-parallel-size": 2,
-        "pipeline-model-parallel-size": 2, "forward-compress-method": "subspace"})
-    sent, raw = subspace.expected_bytes_per_message(parse_args(argv, world_size=8))
-    assert raw / sent >= 100, (sent, raw)   # one formula for both directions
+    shape = {"num-layers": 4, "hidden-size": hidden, "seq-length": 128, "micro-batch-size": 4,
+             "global-batch-size": 32, "tensor-model-parallel-size": 2,
+             "pipeline-model-parallel-size": 2}
+    args = parse_args(tiny_gpt_argv(tiny_corpus, **shape, **{
+        "forward-compress-method": "subspace"}), world_size=8)
+    assert subspace.rank(args) == hidden * 3 // 4 and subspace.bits(args) == 4
+    assert not subspace.constrains_writes(args) and not subspace.learns_boundary(args)
+    sent, raw = subspace.expected_bytes_per_message(args)
+    # one formula for both directions; x10.6 at tp 1, the scales' share larger at tp 2
+    assert 10.4 < raw / sent < 32 / 3, (sent, raw)
+    alone = parse_args(tiny_gpt_argv(tiny_corpus, **shape, **{"subspace-rank": 8}),
+                       world_size=8)
+    assert subspace.constrains_writes(alone)
+
+
+def test_checkpoint_of_another_constrain_mode_is_refused():
+    """writes and boundary checkpoints hold the same tensors: the saved flags tell them apart
+    (an older checkpoint holds "writes" explicitly; a newer default one None)."""
+    from megatron.training.model.subspace import SubspaceGPTModel, check_saved_mode
+    model = object.__new__(SubspaceGPTModel)
+    model.constrain_mode = "boundary"
+    old = {"compression": {"forward_compress_method": "subspace", "subspace_rank": None,
+                           "subspace_constrain": "writes"}}
+    with pytest.raises(ValueError, match="trained with --subspace-constrain writes, these "
+                                         "flags build boundary.*give --subspace-constrain writes"):
+        check_saved_mode(model, old)
+    new = {"compression": {"forward_compress_method": "subspace", "subspace_constrain": None}}
+    check_saved_mode(model, new)                        # the default: boundary
+    check_saved_mode(model, {"compression": {}})        # not a subspace checkpoint
+    model.constrain_mode = "writes"
+    check_saved_mode(model, {"compression": {"subspace_rank": 4, "subspace_constrain": None}})
+    with pytest.raises(ValueError, match="give --subspace-constrain boundary"):
+        check_saved_mode(model, new)
 
 
 def _whole_worker(rank, world, corpus):

@@ -5,7 +5,7 @@
         --subspace-rank 64 --pipeline-model-parallel-size 2 --coefficients
     # prints the relative logit error and both losses on a probe batch, then the flags:
     #   --load ckpts/gpt2_sub --finetune ... --hidden-dropout 0.0 \\
-    #   --forward-compress-method subspace --subspace-rank 64
+    #   --forward-compress-method subspace --subspace-constrain writes --subspace-rank 64
 
     # export: tools/checkpoint/export_hf.py as for any checkpoint; a subspace checkpoint is
     # written as the equivalent unconstrained model (W <- U U^T W, b <- U U^T b)
@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch  # noqa: E402
 
-from megatron.cc.pipeline.subspace import default_write_scale  # noqa: E402
+from megatron.cc.pipeline.subspace import constrain_mode, default_write_scale  # noqa: E402
 from tools.checkpoint.common import add_tokenizer_flags, fail  # noqa: E402
 from tools.checkpoint.errors import ConversionError  # noqa: E402
 from tools.checkpoint.layout import (  # noqa: E402
@@ -92,7 +92,9 @@ def unconstrain(full: FullCheckpoint) -> FullCheckpoint:
     U, a and the stages' embedding copies dropped."""
     if SUBSPACE_BASIS not in full.params:
         return full
-    constrain = (full.args.get("compression") or {}).get("subspace_constrain") or "writes"
+    saved = full.args.get("compression") or {}
+    constrain = constrain_mode(saved.get("forward_compress_method"),
+                               saved.get("subspace_constrain"))
     if constrain != "writes":
         raise SystemExit(f"this checkpoint was trained with --subspace-constrain {constrain}: "
                          "its stage boundaries carry k directions of the residual stream, "
@@ -121,7 +123,7 @@ def to_subspace(full: FullCheckpoint, k: int, coefficients: bool = False,
     params[SUBSPACE_SCALE] = torch.tensor(float(scale))
     args = {**full.args, "model": {**full.args["model"], "hidden_dropout": 0.0},
             "compression": {**(full.args.get("compression") or {}), "subspace_rank": k,
-                            "subspace_write_scale": scale}}
+                            "subspace_write_scale": scale, "subspace_constrain": "writes"}}
     if coefficients:
         args["compression"]["forward_compress_method"] = "subspace"
     return dataclasses.replace(full, params=params, args=args), kept
@@ -222,7 +224,9 @@ def main(argv=None) -> int:
     if "logit_rel_error" in r:
         print(f"probe: relative max logit error {r['logit_rel_error']:.3e}, loss "
               f"{r['loss_hf']:.4f} (HF) -> {r['loss_subspace']:.4f} (subspace)")
-    method = " --forward-compress-method subspace" if a.coefficients else ""
+    # the imported model confines its writes (the method's own default projects the boundary)
+    method = " --forward-compress-method subspace --subspace-constrain writes" \
+        if a.coefficients else ""
     print(f"wrote {a.save} (tp={a.tp} pp={a.pp}) in {time.time() - t0:.1f}s\n"
           f"train from it with: --load {a.save} --finetune {model_flags(sub.args)}"
           f"{method} --subspace-rank {a.subspace_rank} --subspace-write-scale "

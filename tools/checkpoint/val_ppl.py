@@ -25,8 +25,9 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
         __file__)))))
 
 from tools.checkpoint.common import add_tokenizer_flags, fail  # noqa: E402
+from megatron.cc.pipeline.subspace import constrain_mode  # noqa: E402
 from tools.checkpoint.layout import (  # noqa: E402
-    CheckpointError, FullCheckpoint, merge, read_checkpoint, split)
+    SUBSPACE_BASIS, CheckpointError, FullCheckpoint, merge, read_checkpoint, split)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,17 +65,18 @@ def eval_args(full: FullCheckpoint, **overrides):
     groups = {name: _build(cls, dict(d.get(name, {}))) for name, cls, _ in A.GROUPS}
     # Uncompressed: nothing crosses a process boundary in one process anyway. But a subspace
     # model (megatron/training/model/subspace.py) is another model: keep its rank.
-    constrain = (d.get("compression") or {}).get("subspace_constrain") or "writes"
+    saved = d.get("compression") or {}
+    constrain = constrain_mode(saved.get("forward_compress_method"),
+                               saved.get("subspace_constrain"))
     if constrain != "writes":
         raise SystemExit(f"this checkpoint was trained with --subspace-constrain {constrain}: its "
                          "stage boundaries are part of the model, which one process cannot "
                          "build; evaluate it with pretrain_gpt.py at its own "
                          "--pipeline-model-parallel-size (--load it with --train-iters equal "
                          "to its iteration: the final validation runs, no step is taken)")
-    rank = (d.get("compression") or {}).get("subspace_rank")
-    if rank is None and (d.get("compression") or {}).get("forward_compress_method") == "subspace":
-        from megatron.cc.pipeline.subspace import DEFAULT_RANK
-        rank = DEFAULT_RANK
+    # k as trained: the saved basis is (H, k) whatever the defaults were then
+    basis = full.params.get(SUBSPACE_BASIS)
+    rank = None if basis is None else int(basis.shape[1])
     args = A.Args(**groups, compression=CompressionConfig(subspace_rank=rank), world_size=1)
     args.parallel.tensor_model_parallel_size = args.parallel.pipeline_model_parallel_size = 1
     args.parallel.distributed_backend = "gloo"

@@ -13,12 +13,23 @@ from megatron.cc.codecs.subspace import SubspaceCodec
 from megatron.cc.common.config_fields import ConfigError, flag
 from megatron.cc.pipeline.base import PpMethod
 
-# With DEFAULT_BITS, 40 bits a token: x100.8 against fp32 at the demo's shape (hidden 128, 256
-# tokens per message on each tp rank, scales included). Measured from scratch at 300 iterations
-# (bench_subspace.py, the default write scale sqrt(k / H)): k 10 at 4 bits +1.43% / +0.89%
-# validation loss (two seeds); at write scale 1 it was +2.9%.
-DEFAULT_RANK = 10
+# The defaults sit where the quality protocol (docs/quality_protocol.md) found the highest
+# ratio within its 2% budget on every corpus: k = 3H/4 at 4 bits, only the stage boundary
+# projected (x10.6 both ways against fp32). Fewer directions cost more on the corpora the
+# settings were not chosen on (docs/subspace.md).
+DEFAULT_RANK_SHARE = 0.75
 DEFAULT_BITS = 4
+DEFAULT_CONSTRAIN = "boundary"   # with the method; --subspace-rank alone constrains the writes
+
+
+def default_rank(hidden: int) -> int:
+    return max(1, round(DEFAULT_RANK_SHARE * hidden))
+
+
+def constrain_mode(method: Optional[str], constrain: Optional[str]) -> str:
+    """--subspace-constrain as given, else boundary with the method and writes without it
+    (a saved config's values work too: older ones hold "writes" explicitly)."""
+    return constrain or (DEFAULT_CONSTRAIN if method == "subspace" else "writes")
 
 
 def default_write_scale(k: int, hidden: int) -> float:
@@ -32,25 +43,26 @@ class Subspace(PpMethod):
     name = "subspace"
     quantises = True   # --quant-scheme picks the coefficients' fixpoint grid
     subspace_rank: Optional[int] = flag(
-        None, "k of the subspace-constrained model: every attention / MLP output projection "
-              "writes into one shared k-dim subspace of the residual stream. With "
-              "--forward-compress-method subspace (default k 10) stage boundaries carry k "
-              "coefficients per token both ways; alone (any pp, pp 1 included) it builds the "
-              "constrained model and sends whole activations.")
+        None, "k of the subspace model. With --forward-compress-method subspace (default "
+              "3/4 of --hidden-size) stage boundaries carry k coefficients per token both "
+              "ways; alone (any pp, pp 1 included) it builds the writes-constrained model "
+              "and sends whole activations.")
     subspace_bits: Optional[int] = flag(
         None, "--forward-compress-method subspace: bits per coefficient on the wire, both "
               "directions: 1..8 = fixpoint (one 16-bit scale per coefficient and message), "
-              "0 = unquantised (the exact messages). Default 4: with k 10 at hidden 128, "
-              "40 bits a token against fp32's 4096, x100.8 both ways at the demo's shape.")
+              "0 = unquantised (the exact messages). Default 4: with the default k, "
+              "x10.6 both ways against fp32.")
 
-    subspace_constrain: str = flag(
-        "writes", "What the subspace model confines to span(U): writes (every attention / MLP "
+    subspace_constrain: Optional[str] = flag(
+        None, "What the subspace model confines to span(U): writes (every attention / MLP "
                   "output projection on every stage, as Subspace Networks: the residual stream "
                   "itself stays k-dimensional) or boundary (only what crosses a stage "
                   "boundary: each stage's output is projected, c = U^T (x - x0), and its layers "
                   "write at full width) or learned (boundary with a trained encoder E on the "
                   "sending stage and decoder D on the receiving one, both starting at U: "
-                  "c = E^T (x - x0), x = x0 + D c). Needs --forward-compress-method subspace.",
+                  "c = E^T (x - x0), x = x0 + D c). boundary and learned need "
+                  "--forward-compress-method subspace. Default: boundary with it, writes with "
+                  "--subspace-rank alone.",
         choices=["writes", "boundary", "learned"])
     subspace_write_scale: Optional[float] = flag(
         None, "a in W_eff = a U U^T W for every constrained write. Default sqrt(k / "
@@ -81,18 +93,22 @@ class Subspace(PpMethod):
                               "nearest; drop the flag")
 
     @staticmethod
-    def rank(c) -> Optional[int]:
+    def rank(c, hidden: int) -> Optional[int]:
         """k of the constrained model, or None (the ordinary model)."""
         if c.subspace_rank is not None:
             return c.subspace_rank
-        return DEFAULT_RANK if c.forward_compress_method == "subspace" else None
+        return default_rank(hidden) if c.forward_compress_method == "subspace" else None
+
+    @staticmethod
+    def constrain(c) -> str:
+        return constrain_mode(c.forward_compress_method, c.subspace_constrain)
 
     @staticmethod
     def write_scale(c, hidden: int) -> float:
         """a of a fresh constrained model (module docstring of megatron/training/model/subspace.py)."""
         if c.subspace_write_scale is not None:
             return c.subspace_write_scale
-        return default_write_scale(Subspace.rank(c), hidden)
+        return default_write_scale(Subspace.rank(c, hidden), hidden)
 
     @staticmethod
     def bits(c) -> int:
@@ -104,7 +120,8 @@ class Subspace(PpMethod):
             raise ValueError("the planner does not model --forward-compress-method subspace "
                              "yet; its pipeline bytes per message are megatron/training/"
                              "subspace.py's expected_bytes_per_message")
-        return SubspaceCodec(hidden_size=spec.sample_shape[1], rank=Subspace.rank(c),
+        return SubspaceCodec(hidden_size=spec.sample_shape[1],
+                             rank=Subspace.rank(c, spec.sample_shape[1]),
                              bits=Subspace.bits(c), scheme=c.quant_scheme)
 
     @staticmethod

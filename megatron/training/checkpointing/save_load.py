@@ -32,7 +32,7 @@ from megatron.training.checkpointing.checkpoint_io import fsync_dir, safe_load, 
 from megatron.training.checkpointing.checkpoint_select import (  # noqa: F401  (re-exported for tools/)
     LATEST, choose_checkpoint, committed_iterations, iter_dir, read_latest)
 from megatron.training.model.model import chunks_of, global_param_names, unwrap
-from megatron.training.model.subspace import fill_old_state
+from megatron.training.model.subspace import check_saved_mode, fill_old_state
 from megatron.training.runtime.topology import Topology, cuda_available
 
 # 2: per-file .sha256 checksums, loadable with weights_only=True. 3: Megatron-LM's layout
@@ -224,6 +224,7 @@ class ModelState:
             saved = to_model_names(sd[key], expected)   # local <-> Transformer Engine spec
             fill_old_state(saved, expected)
             check_state_matches(saved, expected, sd.get("args"), self.model_args)
+            check_saved_mode(model, sd.get("args"))
             model.load_state_dict(saved, strict=True)
         self.optimizer.reload_model_params()
 

@@ -17,6 +17,7 @@ import torch
 from megatron.core.models.common.embeddings.language_model_embedding import (
     LanguageModelEmbedding)
 from megatron.core.models.gpt import GPTModel
+from megatron.cc.pipeline.subspace import constrain_mode
 
 # the flag helpers live apart so that checking the flags needs no megatron-core import
 from megatron.training.model.subspace_flags import (  # noqa: F401  (re-exported)
@@ -61,6 +62,7 @@ class SubspaceGPTModel(GPTModel):
         self.subspace_decoder = torch.nn.Parameter(u.clone()) \
             if learned and not self.pre_process else None
         self.register_buffer(WRITE_SCALE, torch.tensor(float(scale)), persistent=True)
+        self.constrain_mode = "writes" if writes else "learned" if learned else "boundary"
         self.sends_coefficients = sends_coefficients
         self._coefficients = None
         for layer in self.decoder.layers if writes else ():   # boundary: forward projects
@@ -145,6 +147,22 @@ def fill_old_state(saved: dict, expected: dict) -> None:
         if key.endswith(WRITE_SCALE) and key not in saved and \
                 key[:-len(WRITE_SCALE)] + "subspace_basis" in saved:
             saved[key] = torch.ones((), dtype=torch.float32)
+
+
+def check_saved_mode(model, saved_args: dict) -> None:
+    """A checkpoint of one --subspace-constrain loads into a model of another without a tensor
+    to tell (writes and boundary hold the same ones): refuse it by name."""
+    saved = (saved_args or {}).get("compression") or {}
+    if not isinstance(model, SubspaceGPTModel) or (
+            saved.get("subspace_rank") is None and
+            saved.get("forward_compress_method") != "subspace"):
+        return
+    mode = constrain_mode(saved.get("forward_compress_method"), saved.get("subspace_constrain"))
+    if mode != model.constrain_mode:
+        raise ValueError(f"the checkpoint was trained with --subspace-constrain {mode}, these "
+                         f"flags build {model.constrain_mode} (the default is boundary with "
+                         f"--forward-compress-method subspace, writes without it): give "
+                         f"--subspace-constrain {mode}")
 
 
 def global_name(name: str, layers_before: int = 0, local_layers: int = 0) -> str:

@@ -14,7 +14,7 @@ def sends_coefficients(args) -> bool:
 
 def rank(args) -> Optional[int]:
     """k of the constrained model, or None (the ordinary model)."""
-    return Subspace.rank(args.compression)
+    return Subspace.rank(args.compression, args.model.hidden_size)
 
 
 def bits(args) -> int:
@@ -28,12 +28,12 @@ def write_scale(args) -> float:
 
 def constrains_writes(args) -> bool:
     """Every block's write is projected (else only the stage boundary is)."""
-    return args.compression.subspace_constrain == "writes"
+    return Subspace.constrain(args.compression) == "writes"
 
 
 def learns_boundary(args) -> bool:
     """The stage boundary's encoder and decoder are trained (else both are the fixed U)."""
-    return args.compression.subspace_constrain == "learned"
+    return Subspace.constrain(args.compression) == "learned"
 
 
 def pipeline_width(args) -> int:
@@ -48,7 +48,7 @@ def validate(args) -> None:
     if not sends_coefficients(args) and c.subspace_bits is not None:
         raise ConfigError(f"--subspace-bits sets the coefficients' bits of {method}, but "
                           f"--forward-compress-method is {c.forward_compress_method}")
-    mode = f"--subspace-constrain {c.subspace_constrain}"
+    mode = f"--subspace-constrain {Subspace.constrain(c)}"
     if not constrains_writes(args) and not sends_coefficients(args):
         raise ConfigError(f"{mode} projects what crosses a stage boundary; give {method} too")
     if k is None:
@@ -78,7 +78,7 @@ def validate(args) -> None:
                           f"interleaved chunks are not built for it yet; drop the flag")
     if not constrains_writes(args) and c.subspace_write_scale is not None:
         raise ConfigError(f"--subspace-write-scale scales the projected writes; with {mode} "
-                          f"no write is projected: drop it")
+                          f"no write is projected: drop it, or give --subspace-constrain writes")
     if not sends_coefficients(args):
         return
     if args.pp == 1:

@@ -19,7 +19,8 @@ from tests.conftest import tiny_gpt_argv
 from tests.distributed import run_distributed
 
 K = 4
-WIRE = {"forward-compress-method": "subspace", "subspace-rank": K, "subspace-bits": 0}
+WIRE = {"forward-compress-method": "subspace", "subspace-rank": K, "subspace-bits": 0,
+        "subspace-constrain": "writes"}   # export needs the writes-constrained model
 
 
 def _tiny_hf(family, vocab, hidden=32):
