@@ -6,7 +6,9 @@ W_eff = a U U^T W. A stage boundary then carries c = U^T (x - x0), (S, B, k); th
 rebuilds x = x0 + U c from its own copy of the embedding, and the gradient sent back, U^T dL/dx,
 is the constrained model's exact gradient. The write scale a (default sqrt(k / H)) gives each
 subspace direction the size an unconstrained write gives each of its own; it is saved with the
-model. Flags, constraints and design: docs/subspace.md.
+model. With --subspace-constrain boundary (the method's default) no write is confined and only
+the stage output is projected; learned trains the sender's encoder and the receiver's decoder
+in place of U. Flags, constraints and design: docs/subspace.md.
 """
 import hashlib
 import math
