@@ -12,15 +12,16 @@ reference of the same setting, corpus, seed and shape):
         and Markov corpora)
   dp    dp 4, bench_dp_modes' warm-start setting at global batch 32 (the claim's was 128),
         micro-batch 8; every run starts from `--iters` iterations of all-reduce pretraining on
-        the same corpus, seed and shape, a `warm` run of its own: allreduce, the DiLoCo recipe of x1010.5
-        (diloco-Q4-fixpoint-2-rim-a1.2-avg-last3-dpadam, tuned on the embedded corpus) and
+        the same corpus, seed and shape, a `warm` run of its own: allreduce, the DiLoCo recipe
+        of x1010.5 (diloco-Q4-fixpoint-2-rim-a1.2-avg-last3-dpadam, tuned on the embedded
+        corpus; also at batch 128 as a named setting, `-b128`) and
         SparseLoCo at its defaults (sparseloco-H15-d1.56-2b-dpadam); rows imported from
         bench_dp_modes.RUNS
   seed  pp 2 x dp 2, bench_optimus_cc's flags at pp 2, micro-batch 2, global batch 16 (4
-        micro-batches per replica): seed-baseline and every seed method, one seed per corpus: CB+LEP, epilogue-only
-        CB+LEP, FE, SC (stage 0), AC-SGD fixpoint-4 / delta-4 / delta-lowbits-4/8 and TAH-Quant
-        (each with fixpoint-8 gradients back, as bench_activation_compression), CocktailSGD,
-        preduce
+        micro-batches per replica): seed-baseline and every seed method, one seed per corpus:
+        CB+LEP, epilogue-only CB+LEP, FE, SC (stage 0), AC-SGD fixpoint-4 / delta-4 /
+        delta-lowbits-4/8 and TAH-Quant (each with fixpoint-8 gradients back, as
+        bench_activation_compression), CocktailSGD, preduce
 
 Shapes: demo (4 layers, hidden 128, 4 heads, seq 128: the Makefile's demo) on every corpus and
 large (6 layers, hidden 256, 8 heads: 4.4x the parameters; pp and dp settings, first seed) on
