@@ -241,7 +241,7 @@ def test_defaults_at_the_demo_shape(tiny_corpus, hidden):
     args = parse_args(tiny_gpt_argv(tiny_corpus, **shape, **{
         "forward-compress-method": "subspace"}), world_size=8)
     assert subspace.rank(args) == hidden * 3 // 4 and subspace.bits(args) == 4
-    assert not subspace.constrains_writes(args) and not subspace.learns_boundary(args)
+    assert subspace.constrain_kind(args) == "boundary" and not subspace.constrains_writes(args)
     sent, raw = subspace.expected_bytes_per_message(args)
     # one formula for both directions; x10.6 at tp 1, the scales' share larger at tp 2
     assert 10.4 < raw / sent < 32 / 3, (sent, raw)

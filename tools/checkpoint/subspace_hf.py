@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch  # noqa: E402
 
-from megatron.cc.pipeline.subspace import constrain_mode, default_write_scale  # noqa: E402
+from megatron.cc.pipeline.subspace import default_write_scale, saved_constrain_mode  # noqa: E402
 from tools.checkpoint.common import add_tokenizer_flags, fail  # noqa: E402
 from tools.checkpoint.errors import ConversionError  # noqa: E402
 from tools.checkpoint.layout import (  # noqa: E402
@@ -92,9 +92,7 @@ def unconstrain(full: FullCheckpoint) -> FullCheckpoint:
     U, a and the stages' embedding copies dropped."""
     if SUBSPACE_BASIS not in full.params:
         return full
-    saved = full.args.get("compression") or {}
-    constrain = constrain_mode(saved.get("forward_compress_method"),
-                               saved.get("subspace_constrain"))
+    constrain = saved_constrain_mode(full.args.get("compression"))
     if constrain != "writes":
         raise SystemExit(f"this checkpoint was trained with --subspace-constrain {constrain}: "
                          "its stage boundaries carry k directions of the residual stream, "

@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
         __file__)))))
 
 from tools.checkpoint.common import add_tokenizer_flags, fail  # noqa: E402
-from megatron.cc.pipeline.subspace import constrain_mode  # noqa: E402
+from megatron.cc.pipeline.subspace import saved_constrain_mode  # noqa: E402
 from tools.checkpoint.layout import (  # noqa: E402
     SUBSPACE_BASIS, CheckpointError, FullCheckpoint, merge, read_checkpoint, split)
 
@@ -65,9 +65,7 @@ def eval_args(full: FullCheckpoint, **overrides):
     groups = {name: _build(cls, dict(d.get(name, {}))) for name, cls, _ in A.GROUPS}
     # Uncompressed: nothing crosses a process boundary in one process anyway. But a subspace
     # model (megatron/training/model/subspace.py) is another model: keep its rank.
-    saved = d.get("compression") or {}
-    constrain = constrain_mode(saved.get("forward_compress_method"),
-                               saved.get("subspace_constrain"))
+    constrain = saved_constrain_mode(d.get("compression"))
     if constrain != "writes":
         raise SystemExit(f"this checkpoint was trained with --subspace-constrain {constrain}: its "
                          "stage boundaries are part of the model, which one process cannot "

@@ -32,6 +32,12 @@ def constrain_mode(method: Optional[str], constrain: Optional[str]) -> str:
     return constrain or (DEFAULT_CONSTRAIN if method == "subspace" else "writes")
 
 
+def saved_constrain_mode(compression: Optional[dict]) -> str:
+    """constrain_mode of a checkpoint's saved compression dict."""
+    saved = compression or {}
+    return constrain_mode(saved.get("forward_compress_method"), saved.get("subspace_constrain"))
+
+
 def default_write_scale(k: int, hidden: int) -> float:
     """sqrt(k / H): each subspace direction gets the size an unconstrained write gives each of
     its own (megatron/training/model/subspace.py's docstring); also the import tool's default."""

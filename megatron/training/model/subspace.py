@@ -19,11 +19,11 @@ import torch
 from megatron.core.models.common.embeddings.language_model_embedding import (
     LanguageModelEmbedding)
 from megatron.core.models.gpt import GPTModel
-from megatron.cc.pipeline.subspace import constrain_mode
+from megatron.cc.pipeline.subspace import saved_constrain_mode
 
 # the flag helpers live apart so that checking the flags needs no megatron-core import
 from megatron.training.model.subspace_flags import (  # noqa: F401  (re-exported)
-    bits, constrains_writes, learns_boundary, pipeline_width, rank, sends_coefficients, validate,
+    bits, constrain_kind, constrains_writes, pipeline_width, rank, sends_coefficients, validate,
     write_scale)
 
 WRITE_SCALE = "subspace_write_scale"   # the buffer holding the write scale a
@@ -52,22 +52,23 @@ class SubspaceGPTModel(GPTModel):
     """
 
     def constrain(self, k: int, seed: int, sends_coefficients: bool, scale: float,
-                  writes: bool = True, learned: bool = False) -> None:
+                  mode: str = "writes") -> None:
         h = self.config.hidden_size
         # saved with the model: an imported model's U is chosen from its weights
         u = basis(seed, h, k)
         self.register_buffer("subspace_basis", u, persistent=True)
         # learned: the sender's encoder and the receiver's decoder are this stage's own
         # parameters (nothing to synchronise); both start at U, i.e. at the boundary model
+        learned = mode == "learned"
         self.subspace_encoder = torch.nn.Parameter(u.clone()) \
             if learned and not self.post_process else None
         self.subspace_decoder = torch.nn.Parameter(u.clone()) \
             if learned and not self.pre_process else None
         self.register_buffer(WRITE_SCALE, torch.tensor(float(scale)), persistent=True)
-        self.constrain_mode = "writes" if writes else "learned" if learned else "boundary"
+        self.constrain_mode = mode
         self.sends_coefficients = sends_coefficients
         self._coefficients = None
-        for layer in self.decoder.layers if writes else ():   # boundary: forward projects
+        for layer in self.decoder.layers if mode == "writes" else ():   # else forward projects
             for proj in (layer.self_attention.linear_proj, layer.mlp.linear_fc2):
                 proj.register_forward_hook(self._project_write)
         if sends_coefficients and not self.pre_process:
@@ -139,7 +140,7 @@ def constrain(model, args) -> None:
     the embedding's values by its global name)."""
     if isinstance(model, SubspaceGPTModel):
         model.constrain(rank(args), args.training.seed, sends_coefficients(args),
-                        write_scale(args), constrains_writes(args), learns_boundary(args))
+                        write_scale(args), constrain_kind(args))
 
 
 def fill_old_state(saved: dict, expected: dict) -> None:
@@ -159,7 +160,7 @@ def check_saved_mode(model, saved_args: dict) -> None:
             saved.get("subspace_rank") is None and
             saved.get("forward_compress_method") != "subspace"):
         return
-    mode = constrain_mode(saved.get("forward_compress_method"), saved.get("subspace_constrain"))
+    mode = saved_constrain_mode(saved)
     if mode != model.constrain_mode:
         raise ValueError(f"the checkpoint was trained with --subspace-constrain {mode}, these "
                          f"flags build {model.constrain_mode} (the default is boundary with "

@@ -26,14 +26,14 @@ def write_scale(args) -> float:
     return Subspace.write_scale(args.compression, args.model.hidden_size)
 
 
+def constrain_kind(args) -> str:
+    """writes, boundary or learned: --subspace-constrain as given or its default."""
+    return Subspace.constrain(args.compression)
+
+
 def constrains_writes(args) -> bool:
     """Every block's write is projected (else only the stage boundary is)."""
-    return Subspace.constrain(args.compression) == "writes"
-
-
-def learns_boundary(args) -> bool:
-    """The stage boundary's encoder and decoder are trained (else both are the fixed U)."""
-    return Subspace.constrain(args.compression) == "learned"
+    return constrain_kind(args) == "writes"
 
 
 def pipeline_width(args) -> int:
@@ -48,7 +48,7 @@ def validate(args) -> None:
     if not sends_coefficients(args) and c.subspace_bits is not None:
         raise ConfigError(f"--subspace-bits sets the coefficients' bits of {method}, but "
                           f"--forward-compress-method is {c.forward_compress_method}")
-    mode = f"--subspace-constrain {Subspace.constrain(c)}"
+    mode = f"--subspace-constrain {constrain_kind(args)}"
     if not constrains_writes(args) and not sends_coefficients(args):
         raise ConfigError(f"{mode} projects what crosses a stage boundary; give {method} too")
     if k is None:
