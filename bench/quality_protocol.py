@@ -387,15 +387,17 @@ def portable(cmd: List[str]) -> str:
     return " ".join(shlex.quote(rel(c)) for c in cmd)
 
 
-def result_of(job: Job, log: str, rc: int, wall: float, cmd: List[str], cores: int) -> dict:
+def result_of(job: Job, log: str, rc: int, wall: float, cmd: List[str], cores: int,
+              corpus_fingerprint: Optional[str] = None) -> dict:
     """What result.json keeps: the parsed log (bytes and ratios as logged; dp averaged over
-    the run's log lines) and where it ran."""
+    the run's log lines), the corpus it trained on (the code corpus is built from the installed
+    packages, so another install can build another one) and where it ran."""
     r = parse_log(job.run_id, log)
     r.dp_history = bench_dp_modes.dp_bytes_per_log(log)
     bench_dp_modes.average_dp(r)
     return {"run_id": job.run_id, "method": job.method, "setting": job.setting,
-            "corpus": job.corpus, "seed": job.seed, "shape": job.shape, "iters": job.iters,
-            "nproc": job.nproc, "returncode": rc, "final_valid": r.final_valid,
+            "corpus": job.corpus, "corpus_fingerprint": corpus_fingerprint, "seed": job.seed,
+            "shape": job.shape, "iters": job.iters, "nproc": job.nproc, "returncode": rc, "final_valid": r.final_valid,
             "valid": r.valid, "losses": r.losses, "ratio": r.ratio,
             "bytes_per_iter": r.bytes_per_iter, "steady_ms": r.steady_ms, "wall_s": wall,
             "cores": cores, "command": portable(cmd),
@@ -427,7 +429,7 @@ def run_job(job: Job, assets: dict, out: str, port: int, gpu: Optional[int] = No
             rc = p.wait()
     with open(os.path.join(d, LOG), errors="replace") as f:
         log = f.read()
-    res = result_of(job, log, rc, time.time() - t0, cmd, cores)
+    res = result_of(job, log, rc, time.time() - t0, cmd, cores, assets.get("fingerprint"))
     if rc != 0 or res["final_valid"] is None:
         res["error"] = log[-3000:]
         write_json(os.path.join(d, FAILED), res)
