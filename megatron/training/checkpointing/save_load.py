@@ -70,6 +70,15 @@ def _torch_optimizers(optimizer):
     return [getattr(o, "optimizer", None) for o in _chained(optimizer)]
 
 
+def optimizer_kinds(optimizer) -> list:
+    """The kinds of state the chained torch optimizers keep, sorted: 'muon', 'sgd' or 'adam'
+    (any Adam: torch's, fused, ReplicaAdamW, whose states load into one another)."""
+    def kind(o):
+        return ("muon" if isinstance(o, getattr(torch.optim, "Muon", ())) else
+                "sgd" if isinstance(o, torch.optim.SGD) else "adam")
+    return sorted({kind(o) for o in _torch_optimizers(optimizer) if o is not None})
+
+
 def _is_fp32_optimizer(optimizer) -> bool:
     from megatron.core.optimizer.optimizer import FP32Optimizer
     return all(isinstance(o, FP32Optimizer) for o in _chained(optimizer))
@@ -169,10 +178,16 @@ class OptimizerState:
         by_name = _by_name_supported(o)
         return {"optimizer_by_name": named_optimizer_state(o, self.model) if by_name else None,
                 "optimizer": None if by_name else o.state_dict(),
-                "grad_scaler": scaler}
+                "grad_scaler": scaler, "kinds": optimizer_kinds(o)}
 
     def load_state_dict(self, sd: dict) -> None:
         o = self.optimizer
+        saved = sd.get("kinds")   # absent before Muon: every saved state was Adam's or SGD's
+        if saved is not None and saved != optimizer_kinds(o):
+            raise ValueError(
+                f"the checkpoint's optimizer state is {' + '.join(saved)}'s, this run's optimizer "
+                f"is {' + '.join(optimizer_kinds(o))}: keep its --optimizer, or resume the "
+                f"weights alone with --no-load-optim (or --finetune)")
         if sd["optimizer_by_name"] is None:
             if _without_parameter_state(sd["optimizer"]):
                 raise ValueError(

@@ -268,9 +268,18 @@ class TrainingArgs:
     adam_eps: float = flag(1e-8, "Adam epsilon.")
     seed: int = flag(1234, "Random seed. Initial weights depend on it alone, not on the split.",
                      low=0, high=2**32 - 1)
-    optimizer: str = flag("adam", "Optimizer (AdamW, or SGD with --sgd-momentum).",
-                          choices=["adam", "sgd"])
+    optimizer: str = flag("adam", "Optimizer: AdamW, SGD with --sgd-momentum, or Muon on the "
+                          "hidden weight matrices with AdamW on the rest.",
+                          choices=["adam", "sgd", "muon"])
     sgd_momentum: float = flag(0.9, "Momentum of --optimizer sgd.")
+    muon_momentum: float = flag(0.95, "Momentum of --optimizer muon's matrices.", low=0.0,
+                                high=1.0)
+    muon_num_ns_steps: int = flag(5, "Newton-Schulz iterations per --optimizer muon step.",
+                                  low=1)
+    muon_scale_mode: str = flag(
+        "match_rms_adamw", "How --optimizer muon scales an orthogonalised update: "
+        "match_rms_adamw (0.2 sqrt(max(rows, cols)), so --lr is AdamW's) or spectral "
+        "(max(1, rows/cols)^0.5, Muon's own lr scale).", choices=["match_rms_adamw", "spectral"])
 
     def validate(self, dp: int) -> None:
         if self.micro_batch_size < 1 or self.global_batch_size < 1 or self.train_iters < 1:
@@ -547,6 +556,8 @@ def validate_args(args: Args) -> None:
     if (args.model.fp16 or args.model.bf16) and args.compression.syncs_parameters:
         raise ConfigError(f"--dp-mode {args.compression.dp_mode} exchanges fp32 parameters and "
                           f"does not support --fp16/--bf16 yet; train in fp32")
+    if args.training.optimizer == "muon":
+        validate_muon(args)
     if args.compression.dp_adam_correction and args.training.optimizer != "adam":
         raise ConfigError("--dp-adam-correction corrects Adam's denominator; it has no effect "
                           f"with --optimizer {args.training.optimizer}: drop it")
@@ -555,6 +566,20 @@ def validate_args(args: Args) -> None:
         if not cuda_available():
             raise ConfigError("--fp16/--bf16 need GPUs; on CPU train in fp32 (drop the flag)")
     validate_gpu_args(args)
+
+
+def validate_muon(args: Args) -> None:
+    """Muon orthogonalises whole matrices: no rank may hold a slice of one."""
+    if args.tp > 1:
+        raise ConfigError("--optimizer muon orthogonalises whole weight matrices, and with "
+                          f"--tensor-model-parallel-size {args.tp} each rank holds a slice of "
+                          "one; train with --tensor-model-parallel-size 1 or --optimizer adam")
+    if args.gpu.use_distributed_optimizer:
+        raise ConfigError("--optimizer muon needs each rank to hold whole matrices: drop "
+                          "--use-distributed-optimizer")
+    if args.model.fp16:
+        raise ConfigError("--optimizer muon does not support --fp16's loss scaling; use --bf16 "
+                          "or fp32")
 
 
 def resolve_sync_rule(args: Args) -> None:

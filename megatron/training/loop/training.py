@@ -20,6 +20,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
 from megatron.cc.data_parallel.replica_adam import use_replica_adam
+from megatron.training.loop.muon import build_muon_optimizer
 from megatron.training.compression.channels import build_grad_sync, build_pipeline_channels
 from megatron.training.runtime.nodes import node_of_ranks
 from megatron.cc.pipeline.schedule import PAIRED, PREFETCH, SYNC, Schedule, forward_backward, run_backward
@@ -212,14 +213,18 @@ class Trainer:
     def _build_optimizer(self):
         a, m = self.args.training, self.args.model
         opt_config = OptimizerConfig(
-            optimizer=a.optimizer, sgd_momentum=a.sgd_momentum,
+            optimizer="adam" if a.optimizer == "muon" else a.optimizer, sgd_momentum=a.sgd_momentum,
             lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay,
             adam_beta1=a.adam_beta1, adam_beta2=a.adam_beta2, adam_eps=a.adam_eps,
             clip_grad=a.clip_grad, bf16=m.bf16, fp16=m.fp16,
             params_dtype=self.config.params_dtype, **loss_scaling(self.args.gpu),
             use_distributed_optimizer=self.args.gpu.use_distributed_optimizer,
             overlap_param_gather=self.args.gpu.overlap_param_gather)
-        optimizer = get_megatron_optimizer(opt_config, [self.model])
+        if a.optimizer == "muon":
+            optimizer = build_muon_optimizer(opt_config, self.model, a.muon_momentum,
+                                             a.muon_num_ns_steps, a.muon_scale_mode)
+        else:
+            optimizer = get_megatron_optimizer(opt_config, [self.model])
         if self.args.compression.dp_adam_correction:
             use_replica_adam(optimizer, self.args.dp)
         return optimizer, build_scheduler(self.args, optimizer)
