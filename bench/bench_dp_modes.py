@@ -63,7 +63,9 @@ Runs (dp=4, pp=1 unless the name says pp2):
   diloco-Q<K>-<codec>[-noef|-rim][-a<lr>][-avg][-last<b>]-dpadam   -a<lr>: --diloco-outer-lr
                        (Nesterov 0.9 kept); -rim: --diloco-residual-in-model with
                        --diloco-error-decay 0 (-rimsef: 1, the owners' server errors fed
-                       back); -avg: --diloco-final-average
+                       back); -avg: --diloco-final-average; -muon: --optimizer muon
+                       inner steps in place of -dpadam's Adam (MuLoCo); allreduce-muon its
+                       all-reduce reference
 
     python bench/bench_dp_modes.py [--iters 300] [--runs allreduce,cocktail] [--replot]
     python bench/bench_dp_modes.py --warm-start 300 --out bench/results/warm --runs ...
@@ -109,6 +111,7 @@ def cocktail(random_ratio: float, topk_ratio: float, bits: int):
 COCKTAIL = cocktail(0.1, 0.2, 4)
 HETERO = ["--hetero", "0.5"]
 DPADAM = ["--dp-adam-correction"]
+MUON = ["--optimizer", "muon"]
 NPROC = {"isolated": 1}   # every other run: 4 ranks
 
 
@@ -314,6 +317,11 @@ RUNS = {
     + ["--diloco-residual-in-model"] + outer_lr(1.0) + LAST3 + DPADAM,                 # x1097
     "diloco-Q4-fixpoint-2-rim-a1.2-avg-last3-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4
     + RIM + outer_lr(1.2) + FINAL_AVG + LAST3 + DPADAM,                                # x1010
+    # MuLoCo: the same outer recipe over Muon inner steps (Adam's replica correction has no
+    # Muon counterpart); allreduce-muon is Muon's own all-reduce reference
+    "diloco-Q4-fixpoint-2-rim-a1.2-avg-last3-muon": diloco(75, "fixpoint-2") + SYNC_Q4
+    + RIM + outer_lr(1.2) + FINAL_AVG + LAST3 + MUON,                                  # x1010
+    "allreduce-muon": MUON,
     "diloco-Q4-fixpoint-2-rim-a1-last3-dpadam": diloco(75, "fixpoint-2") + SYNC_Q4
     + RIM + outer_lr(1.0) + LAST3 + DPADAM,                                            # x1010
     "diloco-Q6-fixpoint-1-noef-a1.15-last3-dpadam": diloco(50, "fixpoint-1") + SYNC_Q6 + NOEF

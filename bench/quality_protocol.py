@@ -85,6 +85,7 @@ SHAPE_SEEDS = {"large": 1}                        # ... and on the first seed(s)
 CHANNELS = ("pp-fwd", "pp-bwd", "dp", "emb", "tp")
 DILOCO_RECIPE = "diloco-Q4-fixpoint-2-rim-a1.2-avg-last3-dpadam"
 SPARSELOCO_DEFAULTS = "sparseloco-H15-d1.56-2b-dpadam"
+MULOCO = "diloco-Q4-fixpoint-2-rim-a1.2-avg-last3-muon"
 # the DiLoCo x1010.5 claim was measured at global batch 128; the protocol runs dp at 32 (one
 # micro-batch of 8 per rank), a quarter of the cost, so that the grid fits 2 cores in hours
 DP_BATCH, DP_MICRO = 32, 8
@@ -201,6 +202,11 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
            tuned_on=("embedded",), source="bench_dp_modes (README x1010.5)"),
     Method(SPARSELOCO_DEFAULTS, "dp", tuple(bench_dp_modes.RUNS[SPARSELOCO_DEFAULTS]),
            source="bench_dp_modes (SparseLoCo defaults, H 15)"),
+    # MuLoCo: the DiLoCo recipe over Muon inner steps, and Muon's all-reduce (both against the
+    # AdamW all-reduce reference: what a user switching gets)
+    *[Method(name, "dp", tuple(bench_dp_modes.RUNS[name]), frontier=True,
+             source=f"bench_dp_modes {name}")
+      for name in (MULOCO, "allreduce-muon")],
     Method("allreduce-b128", "dp-b128", (), frontier=True,
            source="bench_dp_modes allreduce at the claim's batch 128"),
     Method(DILOCO_RECIPE + "-b128", "dp-b128", tuple(bench_dp_modes.RUNS[DILOCO_RECIPE]),
@@ -366,6 +372,19 @@ def is_done(out: str, job: Job) -> bool:
     return os.path.isfile(os.path.join(out, job.run_id, RESULT))
 
 
+def has_checkpoint(out: str, run: str) -> bool:
+    return os.path.isfile(os.path.join(out, run, "ckpt", "latest_checkpointed_iteration.txt"))
+
+
+def done_runs(out: str, jobs: Sequence[Job]) -> set:
+    """Run ids with nothing left to do. A warm start whose checkpoint is gone (checkpoints are
+    not kept in git) is to run again while a run that loads it is not done: its result alone
+    would let that run start from scratch."""
+    done = {j.run_id for j in jobs if is_done(out, j)}
+    needed = {d for j in jobs if j.run_id not in done for d in j.deps}
+    return {r for r in done if r not in needed or has_checkpoint(out, r)}
+
+
 def hardware() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -413,6 +432,12 @@ def run_job(job: Job, assets: dict, out: str, port: int, gpu: Optional[int] = No
     if os.path.isdir(d):
         shutil.rmtree(d)
     os.makedirs(d)
+    missing = [dep for dep in job.deps if not has_checkpoint(out, dep)]
+    if missing:   # pretrain_gpt.py would warn and train from scratch
+        res = {"run_id": job.run_id, "returncode": None, "final_valid": None,
+               "error": f"no checkpoint of its warm start {', '.join(missing)}"}
+        write_json(os.path.join(d, FAILED), res)
+        return res
     cmd = job_command(job, assets, out, port, gpu is not None)
     with open(os.path.join(d, CMD), "w") as f:
         f.write(portable(cmd) + "\n")
@@ -462,7 +487,7 @@ def run_grid(jobs: Sequence[Job], assets: Dict[str, dict], out: str, n_jobs: int
     """Run every job not done yet, up to n_jobs at once and (CPU) no more ranks than cores
     unless nothing else runs; a run waits for its warm start. Returns run id -> status."""
     import concurrent.futures as cf
-    status = {j.run_id: "done" for j in jobs if is_done(out, j)}
+    status = {r: "done" for r in done_runs(out, jobs)}
     for rid in status:
         log(f"skip {rid} (done)")
     pending = [j for j in jobs if j.run_id not in status]
@@ -668,11 +693,12 @@ def write_report(out: str, cache_dir: Optional[str] = None) -> str:
 def dry_run_text(jobs: Sequence[Job], out: str, n_jobs: int, cores: int, gpus: int,
                  rate: float) -> str:
     cost = estimate(jobs, rate)
-    todo = [j for j in jobs if not is_done(out, j)]
+    done = done_runs(out, jobs)
+    todo = [j for j in jobs if j.run_id not in done]
     lines = [f"{'run id':78s} {'ranks':>5s} {'est. core-h':>11s}  status"]
     for j in jobs:
         lines.append(f"{j.run_id:78s} {j.nproc:5d} {cost[j.run_id] / 3600:11.2f}  "
-                     f"{'done' if is_done(out, j) else 'to run'}")
+                     f"{'done' if j.run_id in done else 'to run'}")
     core_s = sum(cost[j.run_id] for j in todo)
     par = min(cores, max(1, n_jobs) * max(j.nproc for j in jobs)) if jobs else 1
     lines.append(f"{len(jobs)} runs ({len(todo)} to run, {sum(j.warm for j in jobs)} warm "

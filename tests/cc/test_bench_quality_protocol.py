@@ -184,6 +184,33 @@ def test_resume_skips_finished_and_redoes_cut_short(tmp_path):
     assert record == []
 
 
+def test_warm_start_without_its_checkpoint_runs_again_before_its_runs(tmp_path, monkeypatch):
+    """Checkpoints are not kept in git: a fresh clone has a warm start's result but not its
+    checkpoint, and a run loading it would train from scratch after a warning."""
+    out = str(tmp_path)
+    jobs = qp.build_grid(qp.select_methods("allreduce"), ["code"], [1], ["demo"], 4)
+    warm, run = jobs
+    assert warm.warm and run.deps == [warm.run_id]
+    os.makedirs(os.path.join(out, warm.run_id))
+    qp.write_json(os.path.join(out, warm.run_id, qp.RESULT), fake_result(warm, 5.0))
+    assert qp.done_runs(out, jobs) == set()
+    assert "2 runs (2 to run" in qp.dry_run_text(jobs, out, 1, 8, 0, 1e10)
+    # and a run started anyway refuses, naming the warm start
+    res = qp.run_job(run, {}, out, 29999)
+    assert res["final_valid"] is None and warm.run_id in res["error"]
+    assert os.listdir(os.path.join(out, run.run_id)) == [qp.FAILED]
+    # with the checkpoint the warm start is done; once its runs are done it is not needed
+    ckpt = os.path.join(out, warm.run_id, "ckpt")
+    os.makedirs(ckpt)
+    open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w").write("4")
+    assert qp.done_runs(out, jobs) == {warm.run_id}
+    os.makedirs(os.path.join(out, run.run_id), exist_ok=True)
+    qp.write_json(os.path.join(out, run.run_id, qp.RESULT), fake_result(run, 5.0))
+    import shutil
+    shutil.rmtree(ckpt)
+    assert qp.done_runs(out, jobs) == {warm.run_id, run.run_id}
+
+
 def test_run_job_wipes_a_cut_short_run_and_writes_atomically(tmp_path, monkeypatch):
     out = str(tmp_path)
     job = qp.build_grid(["pp-baseline"], ["code"], [1], ["tiny"], 2)[0]
