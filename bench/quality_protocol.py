@@ -581,6 +581,11 @@ def summarize(results: Sequence[dict]) -> List[dict]:
         row["valid"].append(r["final_valid"])
         ref_name = SETTINGS[METHODS[r["method"]].setting].reference
         ref = index.get((ref_name, r["corpus"], r["seed"], r["shape"], r["iters"]))
+        fps = {x.get("corpus_fingerprint") for x in (r, ref or {})} - {None}
+        if len(fps) > 1:
+            raise ValueError(f"{r['run_id']} and its reference {ref['run_id']} trained on "
+                             f"different builds of the {r['corpus']} corpus (the code corpus is "
+                             f"built from the installed packages): run the reference again")
         if ref is not None and ref["final_valid"]:
             row["gaps"].append((r["final_valid"] - ref["final_valid"]) / ref["final_valid"])
         for ch, q in r.get("ratio", {}).items():

@@ -132,6 +132,12 @@ def test_report_arithmetic_and_logged_ratios(tmp_path):
     assert "+1.25%" in line and "+2.00%" in line and "pp-fwd x100.6, pp-bwd x100.0" in line
     assert "| 1,2 |" in line
     assert "hardware:" in text and "reproduce:" in text
+    # a run and its reference on two builds of one corpus are not compared
+    for method, fp in (("pp-baseline", "aaa"), ("subspace-default", "bbb")):
+        path = os.path.join(out, qp.run_id(method, "code", 1, "demo", 4), qp.RESULT)
+        qp.write_json(path, {**qp.load_json(path), "corpus_fingerprint": fp})
+    with pytest.raises(ValueError, match="different builds of the code corpus"):
+        qp.summarize(qp.load_results(out))
 
 
 def test_report_flags_tuned_rows(tmp_path):
