@@ -26,6 +26,8 @@ FAMILIES = {
     # Subspace Networks' constrained model (its fp32 basis kept fp32 under --bf16/--fp16)
     "gpt2-subspace": {"subspace-rank": 4},
 }
+# optimizers other than AdamW, on the GPT-2 family (Muon: no --fp16)
+OPTIMIZERS = {"gpt2-muon": {"optimizer": "muon"}}
 DTYPES = {"fp32": {}, "bf16": {"bf16": True}, "fp16": {"fp16": True}}
 SMALL = {"num-layers": 1, "seq-length": 16, "global-batch-size": 2, "train-iters": 4,
          "distributed-backend": "gloo", "eval-iters": 1}
@@ -39,7 +41,8 @@ ALLOWED_READS = ("_reduce_loss", "optimizer/clip_grads.py", "optimizer/optimizer
 
 
 def _argv(corpus, family, dtype, **extra):
-    return tiny_gpt_argv(corpus, **{**SMALL, **FAMILIES[family], **DTYPES[dtype], **extra})
+    flags = FAMILIES[family] if family in FAMILIES else {**FAMILIES["gpt2"], **OPTIMIZERS[family]}
+    return tiny_gpt_argv(corpus, **{**SMALL, **flags, **DTYPES[dtype], **extra})
 
 
 def build_trainer(gpu, argv):
@@ -95,7 +98,8 @@ def assert_on_gpu(trainer, gpu, stepped=True):
 # "+distopt": --use-distributed-optimizer, whose checkpoint gathers the sharded Adam state
 # (bf16: with the fp32 main weights) and loads it back onto the GPU
 RUNS = [(f, d, "gloo") for f in FAMILIES for d in DTYPES] + [("gpt2", "bf16", "nccl"),
-                                                            ("gpt2", "bf16", "nccl+distopt")]
+                                                            ("gpt2", "bf16", "nccl+distopt")] + [
+    ("gpt2-muon", "fp32", "gloo"), ("gpt2-muon", "bf16", "nccl")]
 
 
 @pytest.mark.parametrize("family,dtype,backend", RUNS, ids=["-".join(r) for r in RUNS])
@@ -146,7 +150,8 @@ def _step_eval_checkpoint_resume(gpu, tiny_corpus, tmp_path, family, dtype, back
     gpu.ddp_models.clear()
     resumed = build_trainer(gpu, argv + ["--load", str(tmp_path)])
     assert resumed.iteration == 1
-    assert resumed.optimizer.optimizer.state, "no optimizer state loaded"
+    assert all(o.optimizer.state for o in getattr(resumed.optimizer, "chained_optimizers",
+                                                   [resumed.optimizer])), "no optimizer state loaded"
     assert_on_gpu(resumed, gpu)   # loaded optimizer state landed on the GPU
     start = len(gpu.events)
     resumed.train_step()
