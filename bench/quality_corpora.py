@@ -3,10 +3,12 @@
   embedded  tools/corpus.py's default corpus, as it is (its tokenizer, its .bin/.idx, split
             969,30,1): the text every tuned setting of this repository was tuned on. Its BPE
             saw the validation documents too, as the tuned runs' did.
-  code      source code of the installed site-packages: .py files, comments kept, docstrings
-            cut out (the embedded corpus is made of docstrings and prose, so the two share
-            almost no text), exact duplicate files dropped, at most PACKAGE_CODE_BYTES from a
-            package so no one package fills it.
+  code      source code of the running Python's standard library (its tests, IDLE and
+            site-packages left out): .py files, comments kept, docstrings cut out (the
+            embedded corpus is made of docstrings and prose, so the two share almost no text),
+            exact duplicate files dropped, at most PACKAGE_CODE_BYTES from a package so no one
+            package fills it. The standard library, not the installed packages: it is the same
+            on every machine with the same Python, whatever pip resolved there.
   markov    a random first-order Markov chain over a vocabulary of random letter words, words
             separated by spaces: its entropy rate is computed exactly, so the lowest reachable
             validation loss (the floor) is known and stored in the manifest.
@@ -16,7 +18,8 @@ byte level, <|endoftext|>) is trained on the training documents alone, the .bin/
 training documents first and the held-out ones last, and the manifest's `split`
 ("<train docs>,<valid docs>,0") makes --split put exactly the held-out ones in the validation
 split. Documents are assigned to validation by a seeded shuffle; the build is deterministic
-for a (corpus, seed, max_bytes) on a given Python install and cached under
+for a (corpus, seed, max_bytes) and a Python version (the manifest's `fingerprint` tells two
+builds apart; each run's result records it) and cached under
 .cache/quality_corpora/, built once under a lock (tools/corpus.py's build_cached).
 
 Markov units. The chain's entropy rate H_w (nats per word, stationary) and the mean word
@@ -49,7 +52,8 @@ if ROOT not in sys.path:
 from megatron.training.data import corpus as embedded_corpus  # noqa: E402
 
 CORPORA = ("embedded", "code", "markov")
-BUILD_VERSION = "q1"   # bump when anything below changes what gets built
+# bump a corpus's version when anything below changes what gets built for it
+BUILD_VERSIONS = {"code": "q2", "markov": "q1"}
 DEFAULT_MAX_BYTES = embedded_corpus.DEFAULT_MAX_BYTES
 DEFAULT_SEED = 1
 VALID_FRACTION = 0.03
@@ -98,26 +102,26 @@ def strip_docstrings(source: str) -> str:
     return "\n".join(ln for i, ln in enumerate(lines, 1) if i not in drop)
 
 
-def _site_packages() -> list:
-    paths = sysconfig.get_paths()
-    return sorted({paths["purelib"], paths["platlib"]})
+SKIPPED_STDLIB = ("site-packages", "dist-packages", "idlelib", "test", "tests", "lib2to3")
 
 
-def gather_code(max_bytes: int, site_packages=None) -> list:
-    """[{"text", "url"}] of site-packages' Python sources, deterministic for an install."""
+def gather_code(max_bytes: int, roots=None) -> list:
+    """[{"text", "url"}] of the standard library's Python sources (or of `roots`' packages
+    and modules), deterministic for a Python version."""
     docs, seen, total = [], set(), 0
-    for site in site_packages or _site_packages():
+    for root in roots or [sysconfig.get_paths()["stdlib"]]:
         try:
-            entries = sorted(os.listdir(site))
+            entries = sorted(os.listdir(root))
         except OSError:
             continue
         for entry in entries:
-            top = os.path.join(site, entry)
-            if (not os.path.isdir(top) or entry.startswith((".", "_"))
-                    or entry.endswith((".dist-info", ".egg-info"))):
+            top = os.path.join(root, entry)
+            if (entry.startswith((".", "_")) or entry in SKIPPED_STDLIB
+                    or entry.endswith((".dist-info", ".egg-info"))
+                    or not (os.path.isdir(top) or entry.endswith(".py"))):
                 continue
             used = 0
-            for path in _sorted_walk(top):
+            for path in (_sorted_walk(top) if os.path.isdir(top) else [top]):
                 if total >= max_bytes or used >= PACKAGE_CODE_BYTES:
                     break
                 if not path.endswith(".py"):
@@ -139,7 +143,7 @@ def gather_code(max_bytes: int, site_packages=None) -> list:
                         continue
                     size = len(chunk.encode("utf-8"))
                     docs.append({"text": chunk,
-                                 "url": f"file://site-packages/{os.path.relpath(path, site)}#{i}"})
+                                 "url": f"file://stdlib/{os.path.relpath(path, root)}#{i}"})
                     used += size
                     total += size
             if total >= max_bytes:
@@ -278,7 +282,7 @@ def build_corpus(name: str, out_dir: str, seed: int = DEFAULT_SEED,
                            (valid_tokens + len(valid)) / len(valid), valid_chars / valid_tokens)}
     files = [vocab_file, merge_file, prefix + ".bin", prefix + ".idx"]
     return {
-        "version": embedded_corpus.VERSION, "build_version": BUILD_VERSION, "corpus": name,
+        "version": embedded_corpus.VERSION, "build_version": BUILD_VERSIONS[name], "corpus": name,
         "seed": seed, "max_bytes": max_bytes, "jsonl": "corpus.jsonl",
         "vocab_file": "vocab.json", "merge_file": "merges.txt",
         "data_prefix": os.path.basename(prefix), "num_documents": stats.documents,
@@ -300,7 +304,7 @@ def corpus_assets(name: str, cache_dir=None, seed: int = DEFAULT_SEED,
                 "merge_file": a.merge_file, "split": "969,30,1", "num_documents": a.num_documents,
                 "num_tokens": a.num_tokens, "fingerprint": a.fingerprint,
                 "directory": a.directory}
-    tag = "-".join([name, BUILD_VERSION, f"s{seed}", str(max_bytes)]
+    tag = "-".join([name, BUILD_VERSIONS[name], f"s{seed}", str(max_bytes)]
                    + [f"{k}{v}" for k, v in sorted(kw.items())])
     final = os.path.join(os.path.abspath(cache_dir or default_cache_dir()), tag)
 

@@ -626,7 +626,7 @@ def corpus_lines(corpora: Sequence[str], cache_dir: Optional[str]) -> List[str]:
             continue
         base = cache_dir or quality_corpora.default_cache_dir()
         found = sorted(d for d in (os.listdir(base) if os.path.isdir(base) else [])
-                       if d.startswith(f"{name}-{quality_corpora.BUILD_VERSION}-")
+                       if d.startswith(f"{name}-{quality_corpora.BUILD_VERSIONS[name]}-")
                        and os.path.isfile(os.path.join(base, d, "manifest.json")))
         if not found:
             lines.append(f"| {name} | (not built) | - | - |")

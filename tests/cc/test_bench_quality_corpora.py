@@ -51,9 +51,13 @@ def test_code_gatherer_drops_docstrings_and_duplicates(tmp_path):
     (pkg / "a.py").write_text(body)
     (pkg / "b.py").write_text(body)                       # an exact duplicate: dropped
     (pkg / "c.py").write_text("def g(:\n")                # not Python: nothing kept
+    (tmp_path / "site" / "mod.py").write_text("def h(y):\n    # a module of its own\n"
+                                              "    return [y, y, y, y, y, y, y, y, y, y, y, y]\n")
+    (tmp_path / "site" / "test").mkdir()
+    (tmp_path / "site" / "test" / "t.py").write_text(body.replace("os", "sys"))  # skipped
     docs = qc.gather_code(10_000, [str(tmp_path / "site")])
-    assert len(docs) == 1 and docs[0]["url"].startswith("file://site-packages/pkg/a.py")
-    text = docs[0]["text"]
+    assert [d["url"] for d in docs] == ["file://stdlib/mod.py#0", "file://stdlib/pkg/a.py#0"]
+    text = docs[1]["text"]
     assert "docstring" not in text and "Doc of f" not in text
     assert "# a comment kept" in text and "return os.path.join" in text
 
