@@ -376,11 +376,21 @@ def has_checkpoint(out: str, run: str) -> bool:
     return os.path.isfile(os.path.join(out, run, "ckpt", "latest_checkpointed_iteration.txt"))
 
 
-def done_runs(out: str, jobs: Sequence[Job]) -> set:
-    """Run ids with nothing left to do. A warm start whose checkpoint is gone (checkpoints are
-    not kept in git) is to run again while a run that loads it is not done: its result alone
-    would let that run start from scratch."""
-    done = {j.run_id for j in jobs if is_done(out, j)}
+def trained_on(out: str, job: Job) -> Optional[str]:
+    """The corpus fingerprint a finished run recorded (None: not recorded)."""
+    return (load_json(os.path.join(out, job.run_id, RESULT)) or {}).get("corpus_fingerprint")
+
+
+def done_runs(out: str, jobs: Sequence[Job],
+              fingerprints: Optional[Dict[str, Optional[str]]] = None) -> set:
+    """Run ids with nothing left to do. `fingerprints` (corpus -> the build at hand): a run
+    trained on another build, or one that recorded none, is to run again (the embedded corpus
+    is read from the installed packages, so another install builds another one). A warm start
+    whose checkpoint is gone (checkpoints are not kept in git) is to run again while a run
+    that loads it is not done: its result alone would let that run start from scratch."""
+    fingerprints = fingerprints or {}
+    done = {j.run_id for j in jobs if is_done(out, j)
+            and fingerprints.get(j.corpus) in (None, trained_on(out, j))}
     needed = {d for j in jobs if j.run_id not in done for d in j.deps}
     return {r for r in done if r not in needed or has_checkpoint(out, r)}
 
@@ -481,13 +491,17 @@ def gpu_count() -> int:
     return len(gpu_names())
 
 
+def fingerprints_of(assets: Dict[str, dict]) -> Dict[str, Optional[str]]:
+    return {c: a.get("fingerprint") for c, a in assets.items()}
+
+
 def run_grid(jobs: Sequence[Job], assets: Dict[str, dict], out: str, n_jobs: int = 1,
              cores: int = 1, gpus: int = 0, base_port: int = 29810,
              runner: Callable = run_job, log=print) -> Dict[str, str]:
     """Run every job not done yet, up to n_jobs at once and (CPU) no more ranks than cores
     unless nothing else runs; a run waits for its warm start. Returns run id -> status."""
     import concurrent.futures as cf
-    status = {r: "done" for r in done_runs(out, jobs)}
+    status = {r: "done" for r in done_runs(out, jobs, fingerprints_of(assets))}
     for rid in status:
         log(f"skip {rid} (done)")
     pending = [j for j in jobs if j.run_id not in status]
@@ -696,9 +710,9 @@ def write_report(out: str, cache_dir: Optional[str] = None) -> str:
 
 # ----------------------------------------------------------------------------- command line
 def dry_run_text(jobs: Sequence[Job], out: str, n_jobs: int, cores: int, gpus: int,
-                 rate: float) -> str:
+                 rate: float, fingerprints: Optional[Dict[str, Optional[str]]] = None) -> str:
     cost = estimate(jobs, rate)
-    done = done_runs(out, jobs)
+    done = done_runs(out, jobs, fingerprints)
     todo = [j for j in jobs if j.run_id not in done]
     lines = [f"{'run id':78s} {'ranks':>5s} {'est. core-h':>11s}  status"]
     for j in jobs:
@@ -754,11 +768,12 @@ def main(argv=None) -> int:
     jobs = build_grid(select_methods(a.only), corpora, seeds, shapes, a.iters)
     gpus = gpu_count()
     n_jobs = a.jobs or default_jobs(gpus, a.cores)
+    # built (once, cached) before the dry run too: which results were trained on this build
+    assets = {c: quality_corpora.corpus_assets(c, a.cache_dir, a.corpus_seed) for c in corpora}
     if a.dry_run:
         rate = calibrate(a.out, {j.run_id: j for j in jobs}) or FLOP_PER_CORE_S
-        print(dry_run_text(jobs, a.out, n_jobs, a.cores, gpus, rate))
+        print(dry_run_text(jobs, a.out, n_jobs, a.cores, gpus, rate, fingerprints_of(assets)))
         return 0
-    assets = {c: quality_corpora.corpus_assets(c, a.cache_dir, a.corpus_seed) for c in corpora}
     status = run_grid(jobs, assets, a.out, n_jobs, a.cores, gpus, a.port)
     print(write_report(a.out, a.cache_dir), end="")
     bad = [k for k, v in status.items() if v != "done"]

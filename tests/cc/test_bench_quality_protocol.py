@@ -89,7 +89,8 @@ def test_only_filters_and_commands(tmp_path):
     assert qp.default_jobs(0, 2) == 1 and qp.default_jobs(0, 16) == 8 and qp.default_jobs(3, 16) == 3
 
 
-def test_dry_run_prints_grid_and_cost(capsys, tmp_path):
+def test_dry_run_prints_grid_and_cost(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(qp.quality_corpora, "corpus_assets", lambda *a, **k: {"fingerprint": "f"})
     assert qp.main(["--dry-run", "--out", str(tmp_path), "--only", "fe", "--corpora", "code",
                     "--shapes", "demo"]) == 0
     out = capsys.readouterr().out
@@ -188,6 +189,22 @@ def test_resume_skips_finished_and_redoes_cut_short(tmp_path):
     qp.run_grid(jobs, {"code": {}}, out, 2, 8, runner=_fake_runner(record, lock),
                 log=lambda s: None)
     assert record == []
+
+
+def test_a_run_on_another_build_of_its_corpus_runs_again(tmp_path):
+    out = str(tmp_path)
+    jobs = qp.build_grid(qp.select_methods("fe"), ["code"], [1], ["demo"], 4)
+    for job, fp in zip(jobs, ("old", None)):   # seed-baseline: another build; fe: not recorded
+        os.makedirs(os.path.join(out, job.run_id))
+        qp.write_json(os.path.join(out, job.run_id, qp.RESULT),
+                      {**fake_result(job, 5.0), "corpus_fingerprint": fp})
+    assert qp.done_runs(out, jobs) == {j.run_id for j in jobs}          # no build at hand
+    assert qp.done_runs(out, jobs, {"code": "new"}) == set()
+    assert qp.done_runs(out, jobs, {"code": "old"}) == {jobs[0].run_id}
+    record, lock = [], threading.Lock()
+    qp.run_grid(jobs, {"code": {"fingerprint": "new"}}, out, 1, 8,
+                runner=_fake_runner(record, lock), log=lambda s: None)
+    assert sorted(r[1] for r in record if r[0] == "start") == sorted(j.run_id for j in jobs)
 
 
 def test_warm_start_without_its_checkpoint_runs_again_before_its_runs(tmp_path, monkeypatch):
