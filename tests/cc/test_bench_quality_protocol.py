@@ -137,8 +137,10 @@ def test_report_arithmetic_and_logged_ratios(tmp_path):
     for method, fp in (("pp-baseline", "aaa"), ("subspace-default", "bbb")):
         path = os.path.join(out, qp.run_id(method, "code", 1, "demo", 4), qp.RESULT)
         qp.write_json(path, {**qp.load_json(path), "corpus_fingerprint": fp})
-    with pytest.raises(ValueError, match="different builds of the code corpus"):
-        qp.summarize(qp.load_results(out))
+    sub = {r["method"]: r for r in qp.summarize(qp.load_results(out))}["subspace-default"]
+    assert sub["gaps"] == pytest.approx([0.005]) and sub["other_build"] == [
+        qp.run_id("subspace-default", "code", 1, "demo", 4)]
+    assert "Not compared" in qp.report(out, str(tmp_path / "no-cache"))
 
 
 def test_report_flags_tuned_rows(tmp_path):
