@@ -419,14 +419,15 @@ def portable(cmd: List[str]) -> str:
 def result_of(job: Job, log: str, rc: int, wall: float, cmd: List[str], cores: int,
               corpus_fingerprint: Optional[str] = None) -> dict:
     """What result.json keeps: the parsed log (bytes and ratios as logged; dp averaged over
-    the run's log lines), the corpus it trained on (the code corpus is built from the installed
-    packages, so another install can build another one) and where it ran."""
+    the run's log lines), the build of the corpus it trained on (the embedded corpus is read
+    from the installed packages, so another install can build another one) and where it ran."""
     r = parse_log(job.run_id, log)
     r.dp_history = bench_dp_modes.dp_bytes_per_log(log)
     bench_dp_modes.average_dp(r)
     return {"run_id": job.run_id, "method": job.method, "setting": job.setting,
             "corpus": job.corpus, "corpus_fingerprint": corpus_fingerprint, "seed": job.seed,
-            "shape": job.shape, "iters": job.iters, "nproc": job.nproc, "returncode": rc, "final_valid": r.final_valid,
+            "shape": job.shape, "iters": job.iters, "nproc": job.nproc, "returncode": rc,
+            "final_valid": r.final_valid,
             "valid": r.valid, "losses": r.losses, "ratio": r.ratio,
             "bytes_per_iter": r.bytes_per_iter, "steady_ms": r.steady_ms, "wall_s": wall,
             "cores": cores, "command": portable(cmd),

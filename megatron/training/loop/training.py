@@ -213,7 +213,9 @@ class Trainer:
     def _build_optimizer(self):
         a, m = self.args.training, self.args.model
         opt_config = OptimizerConfig(
-            optimizer="adam" if a.optimizer == "muon" else a.optimizer, sgd_momentum=a.sgd_momentum,
+            # muon: the AdamW half's config (build_muon_optimizer makes the Muon half)
+            optimizer="adam" if a.optimizer == "muon" else a.optimizer,
+            sgd_momentum=a.sgd_momentum,
             lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay,
             adam_beta1=a.adam_beta1, adam_beta2=a.adam_beta2, adam_eps=a.adam_eps,
             clip_grad=a.clip_grad, bf16=m.bf16, fp16=m.fp16,
