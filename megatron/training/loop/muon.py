@@ -46,6 +46,9 @@ def build_muon_optimizer(opt_config, model, momentum: float = 0.95, ns_steps: in
     `opt_config`: the megatron-core OptimizerConfig of the AdamW half (optimizer 'adam')."""
     from megatron.core.optimizer import get_megatron_optimizer
     from megatron.core.optimizer.optimizer import ChainedOptimizer
+    if not hasattr(torch.optim, "Muon"):   # pyproject allows torch from 2.5; Muon is 2.9's
+        raise ConfigError(f"--optimizer muon needs torch.optim.Muon (torch >= 2.9), and this "
+                          f"torch is {torch.__version__}: upgrade torch or use --optimizer adam")
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     matrices = {id(p) for n, p in params if is_muon_param(n, p)}
     if not matrices:
