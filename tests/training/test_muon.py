@@ -105,3 +105,10 @@ def test_muon_flags_parse(tiny_corpus):
     with pytest.raises(ConfigError, match="--dp-adam-correction"):
         parse_args(tiny_gpt_argv(tiny_corpus, optimizer="muon") + [
             "--dp-mode", "diloco", "--dp-adam-correction"], world_size=2)
+
+
+def test_muon_needs_a_torch_that_has_it(monkeypatch):
+    from megatron.training.loop.muon import build_muon_optimizer
+    monkeypatch.delattr(torch.optim, "Muon")
+    with pytest.raises(ConfigError, match=r"torch >= 2.9.*--optimizer adam"):
+        build_muon_optimizer(None, None)
