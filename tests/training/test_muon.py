@@ -2,8 +2,8 @@
 
 The oracle of the Muon half is torch.optim.Muon run by hand on a copy of each matrix with the
 same gradient and the lr the schedule set; the Adam half is megatron-core's own. Resume is bit
-exact, an Adam checkpoint's state is refused by name, and the slices Muon cannot orthogonalise
-(tp > 1, the distributed optimizer) are refused at parse time.
+exact (through a reshard too), an Adam run given a Muon checkpoint is refused by name, and the
+slices Muon cannot orthogonalise (tp > 1, the distributed optimizer) are refused at parse time.
 """
 import pytest
 import torch
@@ -14,6 +14,7 @@ from megatron.training.loop.muon import is_muon_param
 from tests.conftest import tiny_gpt_argv
 from tests.distributed import run_distributed
 from tests.training import runner
+from tools.checkpoint.reshard import main as reshard_main
 
 MUON = {"optimizer": "muon", "weight-decay": 0.1, "clip-grad": 0.0}
 
@@ -57,14 +58,20 @@ def _worker(rank, world, corpus, ckpt):
     straight = runner.train(tiny_gpt_argv(corpus, **common), world)
     first = runner.train(tiny_gpt_argv(corpus, **common, save=ckpt, **{"exit-interval": 4}),
                          world)
-    resumed = runner.train(tiny_gpt_argv(corpus, **common, load=ckpt), world)
+    # through tools/checkpoint/reshard.py (each rank its own copy): the Muon state and its
+    # record of which optimizer it belongs to must survive the merge and split
+    from megatron.core import parallel_state as ps
+    torch.distributed.barrier()   # every stage's shard written
+    copy = f"{ckpt}-resharded-{rank}"
+    assert reshard_main(["--load", ckpt, "--save", copy, "--target-tensor-parallel-size", "1",
+                         "--target-pipeline-model-parallel-size", "2", "--no-progress"]) == 0
+    resumed = runner.train(tiny_gpt_argv(corpus, **common, load=copy), world)
     try:
         runner.train(tiny_gpt_argv(corpus, **{"pipeline-model-parallel-size": 2,
-                                              "train-iters": 8, "load": ckpt}), world)
+                                              "train-iters": 8, "load": copy}), world)
         refused = ""
     except ValueError as e:
         refused = str(e)
-        from megatron.core import parallel_state as ps
         ps.destroy_model_parallel()
         runner.destroy_subgroups()
     return kinds, matrices, others, err, straight, first, resumed, refused

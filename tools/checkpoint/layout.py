@@ -174,6 +174,11 @@ class FullCheckpoint:
     """The tokenizer's vocabulary size when known (needed to re-pad for a new tp)."""
     optimizer: Optional[Dict[str, dict]] = None
     """Global name -> Adam state with unsplit moments; None when not reshardable."""
+    optimizer_kinds: Optional[list] = None
+    """The optimizers that state belongs to ('adam', 'muon', 'sgd'), as saved; None before
+    the record existed. Resuming under another --optimizer is refused by it."""
+    grad_scaler: Optional[dict] = None
+    """fp16's loss-scale state (the same on every rank)."""
     iteration: int = 0
     consumed_samples: int = 0
     scheduler: Optional[dict] = None
@@ -375,7 +380,8 @@ def merge(ckpt: ShardedCheckpoint, progress: bool = False) -> FullCheckpoint:
         vocab_size=first["layout"].get("vocab_size"), optimizer=optim,
         iteration=first["iteration"], consumed_samples=first.get("consumed_samples", 0),
         scheduler=first.get("opt_param_scheduler"), extra_state=extra,
-        eod=first["layout"].get("eod"))
+        eod=first["layout"].get("eod"), optimizer_kinds=first.get("kinds"),
+        grad_scaler=first.get("grad_scaler"))
 
 
 # --------------------------------------------------------------------------- splitting
@@ -503,6 +509,8 @@ def split(full: FullCheckpoint, tp: int, pp: int, vocab_size: Optional[int] = No
                 "optimizer": None,
                 "opt_param_scheduler": full.scheduler,
             }
+            if optim is not None:   # a fresh optimizer, of any kind, may start from {}
+                out[(t, p)].update(kinds=full.optimizer_kinds, grad_scaler=full.grad_scaler)
     return out
 
 
