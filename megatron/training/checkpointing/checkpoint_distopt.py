@@ -11,6 +11,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from megatron.training.runtime.compat import optimizer_parts
+
 # Adam's per-element state; the DistributedOptimizer supports Adam only (its constructor
 # asserts it), and the fp32 main weight rides along for 16-bit parameters
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -19,7 +21,7 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 def distributed_optimizers(optimizer) -> List:
     """The DistributedOptimizers among `optimizer` (a ChainedOptimizer's parts, or itself)."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    parts = optimizer_parts(optimizer)
     return [o for o in parts if isinstance(o, DistributedOptimizer)]
 
 

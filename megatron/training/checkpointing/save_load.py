@@ -33,6 +33,7 @@ from megatron.training.checkpointing.checkpoint_select import (  # noqa: F401  (
     LATEST, choose_checkpoint, committed_iterations, iter_dir, read_latest)
 from megatron.training.model.model import chunks_of, global_param_names, unwrap
 from megatron.training.model.subspace import check_saved_mode, fill_old_state
+from megatron.training.runtime.compat import optimizer_parts
 from megatron.training.runtime.topology import Topology, cuda_available
 
 # 2: per-file .sha256 checksums, loadable with weights_only=True. 3: Megatron-LM's layout
@@ -62,12 +63,8 @@ def atomic_write_text(path: str, text: str) -> None:
 
 # ---------------------------------------------------------------- optimizer state by name
 
-def _chained(optimizer) -> list:
-    return getattr(optimizer, "chained_optimizers", [optimizer])
-
-
 def _torch_optimizers(optimizer):
-    return [getattr(o, "optimizer", None) for o in _chained(optimizer)]
+    return [getattr(o, "optimizer", None) for o in optimizer_parts(optimizer)]
 
 
 def optimizer_kinds(optimizer) -> list:
@@ -81,14 +78,14 @@ def optimizer_kinds(optimizer) -> list:
 
 def _is_fp32_optimizer(optimizer) -> bool:
     from megatron.core.optimizer.optimizer import FP32Optimizer
-    return all(isinstance(o, FP32Optimizer) for o in _chained(optimizer))
+    return all(isinstance(o, FP32Optimizer) for o in optimizer_parts(optimizer))
 
 
 def _by_name_supported(optimizer) -> bool:
     """FP32Optimizer, or the mixed-precision one (bf16/fp16); the distributed optimizer's
     sharded state is gathered by name apart (checkpoint_distopt)."""
     return all(_is_fp32_optimizer(o) or hasattr(o, "fp32_from_float16_groups")
-               for o in _chained(optimizer))
+               for o in optimizer_parts(optimizer))
 
 
 def _without_parameter_state(sd: dict) -> bool:
@@ -102,7 +99,7 @@ def _model_params(optimizer) -> Dict[int, torch.nn.Parameter]:
     """{id(param the torch optimizer steps): model parameter it stands for}. fp32 runs: the
     parameter itself; bf16/fp16 runs: the fp32 main copy of a 16-bit model parameter."""
     out = {}
-    for o in _chained(optimizer):
+    for o in optimizer_parts(optimizer):
         for model_group, main_group in zip(getattr(o, "float16_groups", []),
                                            getattr(o, "fp32_from_float16_groups", [])):
             out.update({id(main): model for model, main in zip(model_group, main_group)})
@@ -169,7 +166,7 @@ class OptimizerState:
 
     def state_dict(self) -> dict:
         o = self.optimizer
-        scaler = getattr(_chained(o)[0], "grad_scaler", None)
+        scaler = getattr(optimizer_parts(o)[0], "grad_scaler", None)
         scaler = None if scaler is None else scaler.state_dict()
         if self.gathers:
             state = checkpoint_distopt.gather_state(o, self._names())
@@ -199,7 +196,7 @@ class OptimizerState:
             checkpoint_distopt.load_state(o, self._names(), sd["optimizer_by_name"])
         else:
             load_named_optimizer_state(o, self.model, sd["optimizer_by_name"])
-        for each in _chained(o):
+        for each in optimizer_parts(o):
             if sd.get("grad_scaler") is not None and getattr(each, "grad_scaler", None) is not None:
                 each.grad_scaler.load_state_dict(sd["grad_scaler"])
 

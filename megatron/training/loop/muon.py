@@ -18,6 +18,7 @@ from typing import List
 import torch
 
 from megatron.cc.common.config_fields import ConfigError
+from megatron.training.runtime.compat import optimizer_parts
 
 # torch.optim.Muon's adjust_lr_fn for each --muon-scale-mode
 SCALE_MODES = {"match_rms_adamw": "match_rms_adamw", "spectral": "original"}
@@ -30,10 +31,6 @@ def is_muon_param(name: str, param: torch.nn.Parameter) -> bool:
     """A hidden weight matrix: 2-D, and neither an embedding nor the output layer."""
     return (param.ndim == 2 and not getattr(param, "is_embedding_or_output_parameter", False)
             and "embedding" not in name and "output_layer" not in name)
-
-
-def _chained(optimizer) -> list:
-    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
 def _muon_groups(groups: List[dict]) -> List[dict]:
@@ -59,10 +56,10 @@ def build_muon_optimizer(opt_config, model, momentum: float = 0.95, ns_steps: in
     try:
         for n, p in params:
             p.requires_grad_(id(p) in matrices)
-        muon_half = _chained(get_megatron_optimizer(opt_config, [model]))
+        muon_half = optimizer_parts(get_megatron_optimizer(opt_config, [model]))
         for n, p in params:
             p.requires_grad_(id(p) not in matrices)
-        adam_half = _chained(get_megatron_optimizer(opt_config, [model]))
+        adam_half = optimizer_parts(get_megatron_optimizer(opt_config, [model]))
     finally:
         for n, p in params:
             p.requires_grad_(True)

@@ -6,6 +6,8 @@ when an fp16 gradient overflowed, the dynamic scale halving after `hysteresis` o
 doubling after `loss_scale_window` clean steps.
 """
 
+from megatron.training.runtime.compat import optimizer_parts
+
 
 def loss_scaling(gpu_args) -> dict:
     """OptimizerConfig fields for the loss scale (used by megatron-core for fp16 only)."""
@@ -15,7 +17,7 @@ def loss_scaling(gpu_args) -> dict:
 
 
 def _grad_scaler(optimizer):
-    chained = getattr(optimizer, "chained_optimizers", [optimizer])
+    chained = optimizer_parts(optimizer)
     return getattr(chained[0], "grad_scaler", None)
 
 

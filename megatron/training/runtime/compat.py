@@ -76,3 +76,9 @@ def mlp_submodules(layer_spec):
     mlp = layer_spec.submodules.mlp
     sub = getattr(mlp, "submodules", None)
     return sub if sub is not None else mlp.keywords["submodules"]
+
+
+def optimizer_parts(optimizer) -> list:
+    """The optimizers inside megatron-core's `optimizer`: a ChainedOptimizer's parts, or the
+    optimizer itself (get_megatron_optimizer returns either, by release and param groups)."""
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
