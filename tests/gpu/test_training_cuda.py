@@ -1,6 +1,7 @@
-"""Training on a GPU: fp32 equals the CPU run, bf16 tracks fp32, fp16 scales its loss, 8 ranks
-share one GPU for the (2,2,2) layout and the bit-exact resume, and a bf16 checkpoint keeps its
-optimizer state through tools/checkpoint/reshard.py. Skipped without CUDA.
+"""Training on a GPU: fp32 equals the CPU run (the learned subspace pipeline at pp 2 too), bf16
+tracks fp32, fp16 scales its loss, 8 ranks share one GPU for the (2,2,2) layout and the
+bit-exact resume, and a bf16 checkpoint keeps its optimizer state through
+tools/checkpoint/reshard.py. Skipped without CUDA.
 
 Backends (tests/gpu/launch.py): a rank per GPU runs NCCL, as users train (world size 1 on the
 one-GPU device machine); ranks sharing a GPU run gloo, NCCL refusing that, with gloo's CUDA
@@ -67,6 +68,22 @@ def test_fp16_with_dynamic_loss_scale_trains(tiny_corpus):
                                                                 "loss-scale-window": 5}, **ONE))
     finite = [l for l in losses if l == l]
     assert len(losses) == 20 and finite[-1] < finite[0]
+
+
+# the subspace pipeline at pp 2, its learned encoder and decoder training on both stages;
+# unquantised coefficients, so nothing rounds differently on the two devices
+SUBSPACE = {"pipeline-model-parallel-size": 2, "forward-compress-method": "subspace",
+            "subspace-rank": 4, "subspace-bits": 0, "subspace-constrain": "learned"}
+
+
+def test_learned_subspace_pp2_gpu_losses_equal_cpu(tiny_corpus):
+    gpu = run_ranks(_train, 2, (tiny_gpt_argv(tiny_corpus, **SUBSPACE, **backend_flags(2)),),
+                    timeout=600)[-1]
+    with cpu_only():
+        cpu = run_distributed(_train, 2, (tiny_gpt_argv(tiny_corpus, **SUBSPACE),),
+                              timeout=600)[-1]
+    print(f"\nlearned subspace pp 2 losses GPU {gpu}\n                            CPU {cpu}")
+    assert len(gpu) == 5 and all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(gpu, cpu))
 
 
 def _layout(rank, world, corpus):
