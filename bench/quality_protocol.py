@@ -624,6 +624,33 @@ def ratio_text(ratios: Dict[str, float]) -> str:
     return ", ".join(f"{c} x{ratios[c]:.1f}" for c in chans) or "-"
 
 
+def by_corpus_lines(rows: Sequence[dict]) -> List[str]:
+    """The summary pivoted: a line per (method, shape), a column per corpus with the worst gap
+    over its seeds, and the worst of those (tuned corpora included: the number to quote)."""
+    refs = {s.reference for s in SETTINGS.values()}
+    cells: Dict[tuple, Dict[str, dict]] = {}
+    for r in rows:
+        if r["method"] not in refs and r["worst_gap"] is not None:
+            cells.setdefault((r["method"], r["shape"]), {})[r["corpus"]] = r
+    corpora = [c for c in quality_corpora.CORPORA
+               if any(c in by for by in cells.values())]
+    lines = ["| method | shape | ratio as logged | " + " | ".join(corpora) + " | worst |",
+             "|---|---|---|" + "---:|" * (len(corpora) + 1)]
+    for (method, shape), by in cells.items():
+        def cell(c):
+            r = by.get(c)
+            if r is None:
+                return "-"
+            n = len(r["gaps"])
+            return (f"{_pct(r['worst_gap'])} ({n} seed{'s' * (n > 1)}"
+                    f"{', tuned' if r['tuned'] else ''})")
+        ratio = next(iter(by.values()))["mean_ratio"]
+        worst = max(r["worst_gap"] for r in by.values())
+        lines.append(f"| {method} | {shape} | {ratio_text(ratio)} | "
+                     + " | ".join(cell(c) for c in corpora) + f" | **{_pct(worst)}** |")
+    return lines
+
+
 def corpus_lines(corpora: Sequence[str], cache_dir: Optional[str]) -> List[str]:
     """Each corpus's size and, for the Markov one, its floor (from manifests already built)."""
     lines = ["| corpus | documents (train / held out) | tokens | floor (nats/token) |",
@@ -686,6 +713,10 @@ def report(out: str, cache_dir: Optional[str] = None) -> str:
                     f"{sum(v) / len(v):.4f} | {ratio_text(r['mean_ratio'])} |")
     if not rows:
         text.append("| (no finished runs yet) | | | | | | | | | |")
+    if rows:
+        text += ["", "By corpus: the worst gap over each corpus's seeds (tuned: the method's "
+                 "settings were chosen on that corpus), and the worst over all of them:", ""]
+        text += by_corpus_lines(rows)
     other = [rid for r in rows for rid in r["other_build"]]
     if other:
         text += ["", "Not compared (the reference trained on another build of the corpus, or "

@@ -133,6 +133,13 @@ def test_report_arithmetic_and_logged_ratios(tmp_path):
     assert "+1.25%" in line and "+2.00%" in line and "pp-fwd x100.6, pp-bwd x100.0" in line
     assert "| 1,2 |" in line
     assert "hardware:" in text and "reproduce:" in text
+    # the pivot: one line per (method, shape), the worst gap per corpus and over all
+    pivot = next(ln for ln in text.split("By corpus")[1].splitlines()
+                 if ln.startswith("| subspace-default |"))
+    assert pivot.startswith("| subspace-default | demo | pp-fwd x100.6, pp-bwd x100.0 | ")
+    assert "+2.00% (2 seeds, tuned)" in pivot and pivot.endswith("| **+2.00%** |")
+    assert "| sparseloco-H15-d1.56-2b-dpadam | demo | dp x1000.0 | +10.00% (1 seed) |" in text
+    assert "| pp-baseline | demo |" not in text.split("By corpus")[1]
     # a run and its reference on two builds of one corpus are not compared
     for method, fp in (("pp-baseline", "aaa"), ("subspace-default", "bbb")):
         path = os.path.join(out, qp.run_id(method, "code", 1, "demo", 4), qp.RESULT)
