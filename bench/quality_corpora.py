@@ -320,6 +320,38 @@ def corpus_assets(name: str, cache_dir=None, seed: int = DEFAULT_SEED,
     return m
 
 
+def subset_assets(assets: dict, train_docs: int) -> dict:
+    """Corpus `assets` (code or markov) cut to its first `train_docs` training documents, its
+    held-out ones kept: a training split small enough to be seen several times in a short run
+    (what per-sample activation caches need to be exercised). Built once beside the corpus,
+    with its tokenizer; `fingerprint` stays the corpus's (the cut is a function of it)."""
+    if "train_documents" not in assets:
+        raise ValueError(f"corpus {assets['corpus']!r}: only the code and markov corpora list "
+                         f"their held-out documents, so only they can be cut")
+    n = max(1, min(int(train_docs), assets["train_documents"]))
+    valid = assets["valid_documents"]
+    final = os.path.join(assets["directory"], f"train-{n}")
+
+    def build(tmp):
+        from megatron.training.data.preprocess import preprocess
+        from megatron.training.data.tokenizer import build_tokenizer
+        with open(assets["jsonl"], encoding="utf-8") as f:
+            lines = f.readlines()
+        jsonl = os.path.join(tmp, "corpus.jsonl")
+        with open(jsonl, "w", encoding="utf-8") as f:
+            f.writelines(lines[:n] + lines[assets["train_documents"]:])
+        tokenizer = build_tokenizer("GPT2BPETokenizer", vocab_file=assets["vocab_file"],
+                                    merge_file=assets["merge_file"])
+        stats = preprocess(jsonl, os.path.join(tmp, "corpus"), tokenizer, append_eod=True)
+        return {"data_prefix": os.path.basename(stats.outputs["text"]),
+                "train_documents": n, "valid_documents": valid, "split": f"{n},{valid},0",
+                "num_tokens": stats.tokens["text"], "num_documents": stats.documents}
+
+    m = dict(embedded_corpus.build_cached(final, build))
+    return {**assets, **m, "data_prefix": os.path.join(final, m["data_prefix"]),
+            "directory": final}
+
+
 def data_flags(assets: dict) -> list:
     """The pretrain_gpt.py flags that train on a corpus and validate on its held-out split."""
     return ["--data-path", assets["data_prefix"], "--vocab-file", assets["vocab_file"],

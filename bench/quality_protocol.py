@@ -45,6 +45,7 @@ import argparse
 import datetime
 import fnmatch
 import json
+import math
 import os
 import platform
 import shlex
@@ -89,6 +90,7 @@ MULOCO = "diloco-Q4-fixpoint-2-rim-a1.2-avg-last3-muon"
 # the DiLoCo x1010.5 claim was measured at global batch 128; the protocol runs dp at 32 (one
 # micro-batch of 8 per rank), a quarter of the cost, so that the grid fits 2 cores in hours
 DP_BATCH, DP_MICRO = 32, 8
+SEED_EPOCHS = 4                     # seed-epochs: passes over its cut training split
 SEED_BATCH = 16                     # seed methods: 4 micro-batches of 2 per replica at pp 2 x dp 2
 STARTUP_S = 25.0                    # torchrun, imports and data set-up of one run
 FLOP_PER_CORE_S = 3e10              # until measured runs say otherwise (calibrate())
@@ -133,6 +135,11 @@ class Setting:
     reference: str
     warm_start: bool = False
     shapes: Tuple[str, ...] = ("demo", "large", "tiny")
+    corpora: Tuple[str, ...] = ()   # () every corpus
+    epochs: Optional[int] = None
+    """The training split cut so the run passes over it about this many times (per-sample
+    activation caches hit from the second pass on; in the whole corpus no sample comes back
+    within a run)."""
 
 
 SETTINGS = {
@@ -142,6 +149,11 @@ SETTINGS = {
     "dp-b128": Setting("dp-b128", 4, lambda iters: dp_flags(iters, batch=128), "allreduce-b128",
                        warm_start=True, shapes=("demo",)),
     "seed": Setting("seed", 4, seed_flags, "seed-baseline", shapes=("demo", "tiny")),
+    # AC-SGD's regime: a fine-tuning set seen several times. Code and Markov only: they list
+    # their held-out documents, so a cut keeps the validation split whole.
+    "seed-epochs": Setting("seed-epochs", 4, lambda iters: seed_flags(iters) + ["--repeat-epoch"],
+                           "seed-baseline-epochs", shapes=("demo", "tiny"),
+                           corpora=("code", "markov"), epochs=SEED_EPOCHS),
 }
 
 
@@ -228,6 +240,12 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
            all_seeds=False, source="AC-SGD delta-lowbits 4/8, fixpoint-8 back"),
     Method("tah-4-3-0.8", "seed", tuple(_AC["tah-4/3/0.8"] + bench_ac.BWD), all_seeds=False,
            source="TAH-Quant 4/3 bits 0.8, fixpoint-8 back"),
+    Method("seed-baseline-epochs", "seed-epochs", (), all_seeds=False,
+           source="bench_optimus_cc baseline, the training split seen 4 times"),
+    *[Method(f"{name}-epochs", "seed-epochs", tuple(_AC[label] + bench_ac.BWD), all_seeds=False,
+             source=f"AC-SGD {label}, fixpoint-8 back, the training split seen 4 times")
+      for name, label in (("acsgd-fixpoint-4", "fixpoint-4"), ("acsgd-delta-4", "delta-4"),
+                          ("acsgd-delta-lowbits-4-8", "delta-lowbits-4/8"))],
     Method("cocktail", "seed", tuple(bench_dp_modes.COCKTAIL), all_seeds=False,
            source="CocktailSGD 0.1 / 0.2 / 4 bits"),
     Method("preduce", "seed", tuple(_PREDUCE), all_seeds=False, source="SD-PIPE preduce"),
@@ -287,7 +305,7 @@ def build_grid(methods: Sequence[str], corpora: Sequence[str], seeds: Sequence[i
             for name in methods:
                 m = METHODS[name]
                 s = SETTINGS[m.setting]
-                if shape not in s.shapes:
+                if shape not in s.shapes or s.corpora and corpus not in s.corpora:
                     continue
                 for seed in (seeds[:SHAPE_SEEDS.get(shape, len(seeds))] if m.all_seeds
                              else seeds[:1]):
@@ -304,8 +322,24 @@ def build_grid(methods: Sequence[str], corpora: Sequence[str], seeds: Sequence[i
     return sorted(jobs.values(), key=lambda j: (not j.warm,))
 
 
+def _last(flags: Sequence[str], name: str) -> int:
+    return int(flags[len(flags) - 1 - list(reversed(flags)).index(name) + 1])
+
+
+def cut_documents(job: Job, assets: dict, epochs: int) -> int:
+    """Training documents to keep so that the run's samples pass over them about `epochs`
+    times (by the corpus's mean document length)."""
+    tokens = job.iters * _last(job.flags, "--global-batch-size") * _last(job.flags,
+                                                                         "--seq-length")
+    per_doc = assets["num_tokens"] / assets["num_documents"]
+    return math.ceil(tokens / epochs / per_doc)
+
+
 def job_command(job: Job, assets: dict, out: str, port: int, gpu: bool = False) -> List[str]:
     """The torchrun command line of a run (data of its corpus, its seed, warm start)."""
+    epochs = SETTINGS[job.setting].epochs
+    if epochs:
+        assets = quality_corpora.subset_assets(assets, cut_documents(job, assets, epochs))
     flags = list(job.flags) + quality_corpora.data_flags(assets) + ["--seed", str(job.seed),
                                                                     "--distributed-backend", "gloo"]
     if job.warm:

@@ -33,8 +33,10 @@ def test_default_grid():
     jobs = qp.build_grid(qp.select_methods(None), ALL, list(qp.CLAIM_SEEDS),
                          list(qp.DEFAULT_SHAPES), 300)
     ids = [j.run_id for j in jobs]
-    # demo: 3 corpora x (2 seeds x (2 pp + 4 dp) + 11 seed methods); large: 2 corpora x 6
-    assert len(ids) == len(set(ids)) == 3 * (2 * 6 + 11) + 2 * 6 == 81
+    # demo: 3 corpora x (2 seeds x (2 pp + 4 dp) + 11 seed methods) + 2 corpora x 4 runs on
+    # a cut training split; large: 2 corpora x 6
+    assert len(ids) == len(set(ids)) == 3 * (2 * 6 + 11) + 2 * 4 + 2 * 6 == 89
+    assert {j.corpus for j in jobs if j.setting == "seed-epochs"} == {"code", "markov"}
     warm = [j for j in jobs if j.warm]
     assert len(warm) == 8 and jobs[:8] == warm          # 3 corpora x 2 seeds + 2 large, first
     assert not any(j.shape == "large" and j.corpus == "markov" for j in jobs)
@@ -58,6 +60,35 @@ def test_default_grid():
     assert flags[-len(bench_dp_modes.RUNS[qp.DILOCO_RECIPE]):] == bench_dp_modes.RUNS[qp.DILOCO_RECIPE]
     big = by[qp.run_id("pp-baseline", "embedded", 1234, "large", 300)]
     assert qp.params("large") >= 4 * qp.params("demo") and big.nproc == 2
+
+
+def test_epochs_setting_trains_on_a_cut_split_seen_several_times(tmp_path):
+    """seed-epochs: the corpus cut to the first training documents (held-out ones kept), so the
+    run's samples pass over it about SEED_EPOCHS times and delta codecs meet samples again."""
+    assets = qc.corpus_assets("markov", str(tmp_path), seed=3, max_bytes=60_000)
+    job = next(j for j in qp.build_grid(qp.select_methods("acsgd-delta-4-epochs"), ["markov"],
+                                        [1], ["tiny"], 20) if j.method == "acsgd-delta-4-epochs")
+    assert "--repeat-epoch" in job.flags and job.setting == "seed-epochs"
+    n = qp.cut_documents(job, assets, qp.SEED_EPOCHS)
+    tokens = 20 * qp.SEED_BATCH * 32   # iterations x global batch x the tiny shape's sequence
+    per_doc = assets["num_tokens"] / assets["num_documents"]
+    assert n == -(-tokens // (qp.SEED_EPOCHS * per_doc)) and 1 <= n < assets["train_documents"]
+    cmd = qp.job_command(job, assets, str(tmp_path / "out"), 29999)
+    prefix = cmd[cmd.index("--data-path") + 1]
+    assert cmd[cmd.index("--split") + 1] == f"{n},{assets['valid_documents']},0"
+    assert os.path.dirname(prefix) == os.path.join(assets["directory"], f"train-{n}")
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    full, cut = IndexedDataset(assets["data_prefix"]), IndexedDataset(prefix)
+    v = assets["valid_documents"]
+    # the same token ids: the first n training documents, then every held-out one
+    keep = list(range(n)) + list(range(len(full) - v, len(full)))
+    assert len(cut) == n + v
+    assert all((cut[i] == full[j]).all() for i, j in enumerate(keep))
+    # the corpus's vocabulary and fingerprint (a run on the cut is a run on the corpus)
+    assert cmd[cmd.index("--vocab-file") + 1] == assets["vocab_file"]
+    assert qp.job_command(job, assets, str(tmp_path / "out"), 29999) == cmd   # cached
+    with pytest.raises(ValueError, match="only the code and markov"):
+        qc.subset_assets({"corpus": "embedded"}, 3)
 
 
 def test_only_filters_and_commands(tmp_path):
