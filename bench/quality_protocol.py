@@ -230,6 +230,14 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
     Method("cb16-lep-epilogue", "seed", tuple(bench_optimus_cc.cb(16) + bench_optimus_cc.EPILOGUE
                                               + bench_optimus_cc.LEP),
            all_seeds=False, source="Optimus-CC epilogue-only CB + LEP"),
+    # CB + LEP with this repository's additions (flush on uncompressed sends, 10% warm-up),
+    # chosen on the embedded corpus (bench_optimus_cc OURS)
+    *[Method(f"{name}-ours", "seed", flags + tuple(bench_optimus_cc.OURS), all_seeds=False,
+             tuned_on=("embedded",), frontier=True, source=f"{src} + lep flush, 10% warm-up")
+      for name, flags, src in (
+          ("cb16-lep", tuple(bench_optimus_cc.cb(16) + bench_optimus_cc.LEP), "CB rank 16 + LEP"),
+          ("cb16-lep-epilogue", tuple(bench_optimus_cc.cb(16) + bench_optimus_cc.EPILOGUE
+                                      + bench_optimus_cc.LEP), "epilogue-only CB + LEP"))],
     Method("fe", "seed", ("--emb-comm-opt",), all_seeds=False, source="Optimus-CC FE"),
     Method("sc", "seed", tuple(_sc()), all_seeds=False, source="Optimus-CC SC rank 8"),
     Method("acsgd-fixpoint-4", "seed", tuple(_AC["fixpoint-4"] + bench_ac.BWD),
