@@ -330,15 +330,10 @@ def build_grid(methods: Sequence[str], corpora: Sequence[str], seeds: Sequence[i
     return sorted(jobs.values(), key=lambda j: (not j.warm,))
 
 
-def _last(flags: Sequence[str], name: str) -> int:
-    return int(flags[len(flags) - 1 - list(reversed(flags)).index(name) + 1])
-
-
 def cut_documents(job: Job, assets: dict, epochs: int) -> int:
     """Training documents to keep so that the run's samples pass over them about `epochs`
     times (by the corpus's mean document length)."""
-    tokens = job.iters * _last(job.flags, "--global-batch-size") * _last(job.flags,
-                                                                         "--seq-length")
+    tokens = job.iters * tokens_per_iter(job)
     per_doc = assets["num_tokens"] / assets["num_documents"]
     return math.ceil(tokens / epochs / per_doc)
 
@@ -366,13 +361,17 @@ def params(shape: str, vocab: int = 4096) -> int:
     return 12 * layers * h * h + vocab * h + s * h
 
 
-def job_flops(job: Job) -> float:
-    """6 x parameters x tokens per iteration x iterations (the logit matmul counted)."""
+def tokens_per_iter(job: Job) -> int:
+    """Global batch x sequence length, as the run's flags set them."""
     f = {}
     for k, v in zip(job.flags, job.flags[1:]):   # later flags win, as in argparse
         f[k] = v
-    tokens = int(f["--global-batch-size"]) * int(f["--seq-length"])
-    return 6.0 * params(job.shape) * tokens * job.iters
+    return int(f["--global-batch-size"]) * int(f["--seq-length"])
+
+
+def job_flops(job: Job) -> float:
+    """6 x parameters x tokens per iteration x iterations (the logit matmul counted)."""
+    return 6.0 * params(job.shape) * tokens_per_iter(job) * job.iters
 
 
 def estimate(jobs: Sequence[Job], rate: float = FLOP_PER_CORE_S) -> Dict[str, float]:
