@@ -176,6 +176,9 @@ def _sc(pp: int = 2) -> List[str]:
 
 
 _AC = bench_ac.METHODS
+_CB = (("cb16-lep", tuple(bench_optimus_cc.cb(16) + bench_optimus_cc.LEP), "CB rank 16 + LEP"),
+       ("cb16-lep-epilogue", tuple(bench_optimus_cc.cb(16) + bench_optimus_cc.EPILOGUE
+                                   + bench_optimus_cc.LEP), "epilogue-only CB + LEP"))
 _PREDUCE = [f for f in bench_dp_modes.RUNS["preduce-hetero"] if f not in bench_dp_modes.HETERO]
 METHODS: Dict[str, Method] = {m.name: m for m in [
     Method("pp-baseline", "pp", tuple(bench_subspace.run_flags("none")),
@@ -225,19 +228,13 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
            tuned_on=("embedded",), frontier=True,
            source="bench_dp_modes (README x1010.5) at the claim's batch 128"),
     Method("seed-baseline", "seed", (), all_seeds=False, source="bench_optimus_cc baseline"),
-    Method("cb16-lep", "seed", tuple(bench_optimus_cc.cb(16) + bench_optimus_cc.LEP),
-           all_seeds=False, source="Optimus-CC CB rank 16 + LEP"),
-    Method("cb16-lep-epilogue", "seed", tuple(bench_optimus_cc.cb(16) + bench_optimus_cc.EPILOGUE
-                                              + bench_optimus_cc.LEP),
-           all_seeds=False, source="Optimus-CC epilogue-only CB + LEP"),
-    # CB + LEP with this repository's additions (flush on uncompressed sends, 10% warm-up),
-    # chosen on the embedded corpus (bench_optimus_cc OURS)
-    *[Method(f"{name}-ours", "seed", flags + tuple(bench_optimus_cc.OURS), all_seeds=False,
-             tuned_on=("embedded",), frontier=True, source=f"{src} + lep flush, 10% warm-up")
-      for name, flags, src in (
-          ("cb16-lep", tuple(bench_optimus_cc.cb(16) + bench_optimus_cc.LEP), "CB rank 16 + LEP"),
-          ("cb16-lep-epilogue", tuple(bench_optimus_cc.cb(16) + bench_optimus_cc.EPILOGUE
-                                      + bench_optimus_cc.LEP), "epilogue-only CB + LEP"))],
+    # Optimus-CC's CB + LEP with its own flags, and with this repository's additions (`-ours`:
+    # flush on uncompressed sends, 10% warm-up; bench_optimus_cc OURS, chosen on the embedded
+    # corpus)
+    *[Method(name + ours, "seed", flags + (tuple(bench_optimus_cc.OURS) if ours else ()),
+             all_seeds=False, tuned_on=("embedded",) if ours else (), frontier=bool(ours),
+             source=f"Optimus-CC {src}" + (" + lep flush, 10% warm-up" if ours else ""))
+      for ours in ("", "-ours") for name, flags, src in _CB],
     Method("fe", "seed", ("--emb-comm-opt",), all_seeds=False, source="Optimus-CC FE"),
     Method("sc", "seed", tuple(_sc()), all_seeds=False, source="Optimus-CC SC rank 8"),
     Method("acsgd-fixpoint-4", "seed", tuple(_AC["fixpoint-4"] + bench_ac.BWD),
