@@ -751,7 +751,7 @@ def report(out: str, cache_dir: Optional[str] = None) -> str:
                     f"{sum(v) / len(v):.4f} | {ratio_text(r['mean_ratio'])} |")
     if not rows:
         text.append("| (no finished runs yet) | | | | | | | | | |")
-    if rows:
+    else:
         text += ["", "By corpus: the worst gap over each corpus's seeds (tuned: the method's "
                  "settings were chosen on that corpus), and the worst over all of them:", ""]
         text += by_corpus_lines(rows)
