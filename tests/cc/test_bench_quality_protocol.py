@@ -163,7 +163,7 @@ def test_report_arithmetic_and_logged_ratios(tmp_path):
     line = next(ln for ln in text.splitlines() if ln.startswith("| subspace-default |"))
     assert "+1.25%" in line and "+2.00%" in line and "pp-fwd x100.6, pp-bwd x100.0" in line
     assert "| 1,2 |" in line
-    assert "hardware:" in text and "reproduce:" in text
+    assert "hardware:" in text and "- reproduce (" in text
     # the pivot: one line per (method, shape), the worst gap per corpus and over all
     pivot = next(ln for ln in text.split("By corpus")[1].splitlines()
                  if ln.startswith("| subspace-default |"))
@@ -179,6 +179,22 @@ def test_report_arithmetic_and_logged_ratios(tmp_path):
     assert sub["gaps"] == pytest.approx([0.005]) and sub["other_build"] == [
         qp.run_id("subspace-default", "code", 1, "demo", 4)]
     assert "Not compared" in qp.report(out, str(tmp_path / "no-cache"))
+
+
+def test_reproduce_line_leaves_out_paths_ports_and_parallelism(tmp_path):
+    argv = ["--jobs", "2", "--shapes", "demo", "--only", "cocktail", "--out", "/x/results",
+            "--cache-dir=/x/cache", "--port", "29950", "--cores", "8", "--seeds", "1"]
+    assert qp.reproduce_argv(argv) == "--shapes demo --only cocktail --seeds 1"
+    out = str(tmp_path)
+    for method, valid in (("seed-baseline", 5.0), ("cocktail", 5.1)):
+        job = qp.build_grid([method], ["code"], [1], ["demo"], 4)[0]
+        os.makedirs(os.path.join(out, job.run_id))
+        qp.write_json(os.path.join(out, job.run_id, qp.RESULT),
+                      {**fake_result(job, valid), "protocol_argv": argv})
+    text = qp.report(out, str(tmp_path / "none"))
+    assert ("- reproduce (one invocation a line; add `--jobs N` to run N side by side):\n"
+            "  - `python bench/quality_protocol.py --shapes demo --only cocktail --seeds 1`\n"
+            "\n") in text
 
 
 def test_report_flags_tuned_rows(tmp_path):
