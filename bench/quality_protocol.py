@@ -145,8 +145,8 @@ class Setting:
 SETTINGS = {
     "pp": Setting("pp", 2, pp_flags, "pp-baseline"),
     "dp": Setting("dp", 4, dp_flags, "allreduce", warm_start=True),
-    # the DiLoCo claim's own batch, to tell a batch effect from a corpus effect (run only when
-    # named: a large-shape run at this batch is about an hour on 2 cores)
+    # the DiLoCo claim's own batch, to tell a batch effect from a corpus effect (its methods are
+    # frontier ones: they run only when named, as four times the batch costs four times the time)
     "dp-b128": Setting("dp-b128", 4, lambda iters: dp_flags(iters, batch=128), "allreduce-b128",
                        warm_start=True, shapes=("demo", "large")),
     "seed": Setting("seed", 4, seed_flags, "seed-baseline", shapes=("demo", "tiny")),
