@@ -57,9 +57,10 @@ class _HostToDevice(TorchDispatchMode):
 
 def _lm_loss(monkeypatch, logits, vocab, padded, tp_rank):
     from megatron.core import tensor_parallel
-    # the masked logits themselves come back (the cross entropy is megatron-core's)
+    # the masked logits themselves come back (the cross entropy is megatron-core's, as at
+    # tp 2: the fused tp-1 loss on CUDA is tests/training/test_cross_entropy.py's)
     monkeypatch.setattr(tensor_parallel, "vocab_parallel_cross_entropy", lambda l, y: l)
-    return training.lm_loss(logits, None, vocab_size=vocab, tp_rank=tp_rank)
+    return training.lm_loss(logits, None, vocab_size=vocab, tp_rank=tp_rank, tp_size=2)
 
 
 @pytest.mark.parametrize("tp_rank", [0, 1])

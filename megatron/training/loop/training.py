@@ -20,6 +20,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
 from megatron.cc.data_parallel.replica_adam import use_replica_adam
+from megatron.training.loop.cross_entropy import cross_entropy, fused_enabled
 from megatron.training.loop.muon import build_muon_optimizer
 from megatron.training.compression.channels import build_grad_sync, build_pipeline_channels
 from megatron.training.runtime.nodes import node_of_ranks
@@ -75,18 +76,21 @@ def pipeline_schedule(args, transport, forward_only: bool) -> Schedule:
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, tp_rank: int,
-            tp_channel=None) -> torch.Tensor:
+            tp_channel=None, tp_size: int = 1) -> torch.Tensor:
     """Per-token cross entropy over the *real* vocabulary (`vocab_size`).
 
     logits: (B, S, V/tp), this rank's vocabulary slice. Megatron pads the vocabulary to a
     multiple of 128 x tp and lets the padding rows join the softmax; here their logits are
     masked out, so the loss does not depend on the padding (a Hugging Face GPT-2 imported
-    with zero padding rows gives exactly Hugging Face's loss).
+    with zero padding rows gives exactly Hugging Face's loss). At tp 1 on CUDA the fused
+    kernels of loop/cross_entropy.py compute it from the logits in their own dtype.
     """
     from megatron.core import tensor_parallel
-    logits = logits.float()
     width = logits.size(-1)
     real = vocab_size - tp_rank * width
+    if tp_size == 1 and fused_enabled(logits):
+        return cross_entropy(logits, labels, min(real, width))
+    logits = logits.float()
     if real < width:   # this slice holds padding rows: decided on the host, from sizes
         # the mask is made on the logits' device: no host tensor copied up per micro-batch
         padded = torch.arange(width, device=logits.device) >= real
@@ -274,7 +278,7 @@ class Trainer:
     # ---------------------------------------------------------------- one iteration
     def forward_backward(self, dataset, consumed: int, forward_only=False) -> StageStep:
         loss = partial(lm_loss, vocab_size=self.tokenizer.vocab_size, tp_rank=self.topo.tp_rank,
-                       tp_channel=self.tp_channel)
+                       tp_channel=self.tp_channel, tp_size=self.topo.tp_size)
         step = StageStep(self.model, self.topo, self.batches, loss, self.scale_loss,
                          subspace.sends_coefficients(self.args), dataset, consumed, forward_only)
         forward_backward(step, self.channels, self.batches.num_microbatches, self.iteration,

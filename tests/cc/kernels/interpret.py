@@ -14,6 +14,10 @@ import sys
 import pytest
 
 
+# the modules that define Triton kernels
+KERNEL_MODULES = ("megatron.cc.kernels.", "megatron.training.loop.cross_entropy_kernels")
+
+
 def _fresh_modules() -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     std = sys.modules.get("triton.language.standard")
@@ -24,14 +28,15 @@ def _fresh_modules() -> None:
         # the kernel package's triton-free modules (dispatch: fused.py holds it, and tests
         # monkeypatch the one it holds)
         if (name.split(".")[0] == "triton" and not name.startswith("triton._C")) or (
-                name.startswith("megatron.cc.kernels.") and hasattr(mod, "triton")):
+                name.startswith(KERNEL_MODULES) and hasattr(mod, "triton")):
             del sys.modules[name]
 
 
 def kernels(name: str):
-    """megatron.cc.kernels.<name> with interpreted kernels; skips the tests without triton."""
+    """megatron.cc.kernels.<name> (or the module a dotted name gives) with interpreted kernels;
+    skips the tests without triton."""
     _fresh_modules()
     pytest.importorskip("triton")
     prims = importlib.import_module("megatron.cc.kernels.primitives")
     assert type(prims.round_half_even).__name__ == "InterpretedFunction", "not interpreted"
-    return importlib.import_module(f"megatron.cc.kernels.{name}")
+    return importlib.import_module(name if "." in name else f"megatron.cc.kernels.{name}")
