@@ -32,6 +32,10 @@ class GpuArgs:
     overlap_param_gather: bool = flag(
         False, "With --use-distributed-optimizer: overlap the parameter all-gather with the "
                "next forward.")
+    torch_compile: bool = flag(
+        False, "Compile every transformer layer with torch.compile (inductor): layer norms, "
+               "dropouts, bias adds and GeLU fused; megatron-core's modules, names and "
+               "checkpoints unchanged. Costs a compilation at the first iterations.")
     # --overlap-grad-reduce is ParallelArgs': our own dp channels (exact, PowerSGD) overlap
     # --dp-backend (the dp channel's transport) is CompressionConfig's: it serves every dp mode
     pp_backend: Optional[str] = flag(

@@ -21,6 +21,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
 from megatron.cc.data_parallel.replica_adam import use_replica_adam
 from megatron.training.loop.cross_entropy import cross_entropy, fused_enabled
+from megatron.training.loop.fused_adam import use_fused_adam
 from megatron.training.loop.muon import build_muon_optimizer
 from megatron.training.compression.channels import build_grad_sync, build_pipeline_channels
 from megatron.training.runtime.nodes import node_of_ranks
@@ -37,6 +38,7 @@ from megatron.training.checkpointing.save_load import (
     SchedulerState, counter)
 from megatron.training.config.config_flags import ConfigError
 from megatron.training.model.mixed_precision import loss_scale_field, loss_scaler, loss_scaling
+from megatron.training.model.compiled import compile_layers
 from megatron.training.model.model import build_gpt_model, transformer_config, unwrap
 from megatron.training.compression.tp_channel import (build_tp_channel, count_cross_entropy,
                                           sequence_parallel_params,
@@ -199,6 +201,7 @@ class Trainer:
         self.exit_requested = False
         if args.checkpoint.load:
             self.ckpt.load(args.checkpoint.load)
+            use_fused_adam(self.optimizer)   # the loaded param groups carry their own flags
 
     # ---------------------------------------------------------------- construction
     def _build_tokenizer(self):
@@ -207,6 +210,8 @@ class Trainer:
 
     def _build_model(self):
         model = build_gpt_model(self.args, self.config, self.padded_vocab_size, self.topo)
+        if self.args.gpu.torch_compile:
+            compile_layers(model)
         g = self.args.gpu
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False,
@@ -233,6 +238,7 @@ class Trainer:
             optimizer = get_megatron_optimizer(opt_config, [self.model])
         if self.args.compression.dp_adam_correction:
             use_replica_adam(optimizer, self.args.dp)
+        use_fused_adam(optimizer)   # CUDA only: torch's fused AdamW where megatron-core fell back
         return optimizer, build_scheduler(self.args, optimizer)
 
     def _build_datasets(self):

@@ -25,6 +25,17 @@ from megatron.training.runtime.topology import cuda_available
 IMPLS = ("local", "sdpa", "transformer_engine")
 
 
+@torch.compiler.disable
+def _attend(q, k, v, dropout: float, scale, gqa: bool, fork: bool):
+    """One causal scaled_dot_product_attention call, its dropout drawn inside the RNG
+    tracker's fork when `fork`. Left out of --torch-compile's graphs: the tracker swaps
+    generator states, which dynamo does not trace, and the kernel is fused already."""
+    ctx = tensor_parallel.get_cuda_rng_tracker().fork() if fork else contextlib.nullcontext()
+    with ctx:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=gqa)
+
+
 class SDPAttention(DotProductAttention):
     """DotProductAttention whose forward is one torch scaled_dot_product_attention call."""
 
@@ -38,12 +49,8 @@ class SDPAttention(DotProductAttention):
         groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
         dropout = self.attention_dropout.p if self.training else 0.0
         # Same RNG stream as the local path's attention dropout (each TP rank its own).
-        ctx = tensor_parallel.get_cuda_rng_tracker().fork() if dropout and \
-            not self.config.sequence_parallel else contextlib.nullcontext()
-        with ctx:
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, dropout_p=dropout, is_causal=True, scale=self.softmax_scale,
-                enable_gqa=groups > 1)
+        fork = bool(dropout) and not self.config.sequence_parallel
+        out = _attend(q, k, v, dropout, self.softmax_scale, groups > 1, fork)
         # [b, heads, s, d] -> [s, b, heads * d]
         return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0],
                                                self.hidden_size_per_partition)
