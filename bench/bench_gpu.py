@@ -4,6 +4,7 @@
    seq 1024, micro-batch 16, vocab padded to 50304, GPT-2's tanh GeLU = --openai-gelu):
      ours      the Trainer that pretrain_gpt.py runs (megatron-core GPTModel, --transformer-impl
                default (sdpa), bf16 params with fp32 main weights, megatron-core optimizer)
+     ours comp.  the same with --torch-compile (skipped with --quick)
      HF eager  transformers GPT2LMHeadModel, bf16 autocast, torch.optim.AdamW(fused=True)
      HF comp.  the same under torch.compile (skipped with --quick: compiling takes a minute)
    tokens/s, model TFLOP/s (6 N + 12 L S H FLOPs per token, N = non-embedding parameters +
@@ -72,6 +73,7 @@ SHAPE = dict(layers=12, hidden=768, heads=12, seq=1024, mbs=16, vocab=50304)
 FIG14 = [(1024, 8, 1920), (1024, 8, 3072), (1024, 8, 12288)]   # GPT-2.5B, 8.3B, 175B
 REFERENCE_H100 = {"HF GPT2LMHeadModel eager": 171_000, "HF GPT2LMHeadModel torch.compile": 306_000}
 OURS = "ours (pretrain_gpt.py Trainer, bf16)"
+OURS_COMPILED = "ours with --torch-compile"
 HF_EAGER, HF_COMPILED = "HF GPT2LMHeadModel eager", "HF GPT2LMHeadModel torch.compile"
 
 WARMUP = 3                  # untimed calls before the timed ones, at least
@@ -113,26 +115,35 @@ def _timed(step, iters, warmup=3):
     return (time.perf_counter() - t0) / iters
 
 
-def bench_ours(iters):
-    from bench.bench_vs_huggingface import our_trainer
+def trainer_flags(compiled: bool = False) -> List[str]:
+    """pretrain_gpt.py flags of the benchmarked trainer (SHAPE), with --torch-compile or not."""
     s = SHAPE
-    flags = ["--num-layers", str(s["layers"]), "--hidden-size", str(s["hidden"]),
-             "--num-attention-heads", str(s["heads"]), "--seq-length", str(s["seq"]),
-             "--micro-batch-size", str(s["mbs"]), "--global-batch-size", str(s["mbs"]),
-             "--make-vocab-size-divisible-by", str(s["vocab"]), "--bf16", "--openai-gelu",
-             "--train-iters", "1000000", "--eval-iters", "0", "--log-interval", "1000000",
-             "--eval-interval", "1000000"]
+    return ["--num-layers", str(s["layers"]), "--hidden-size", str(s["hidden"]),
+            "--num-attention-heads", str(s["heads"]), "--seq-length", str(s["seq"]),
+            "--micro-batch-size", str(s["mbs"]), "--global-batch-size", str(s["mbs"]),
+            "--make-vocab-size-divisible-by", str(s["vocab"]), "--bf16", "--openai-gelu",
+            "--train-iters", "1000000", "--eval-iters", "0", "--log-interval", "1000000",
+            "--eval-interval", "1000000"] + (["--torch-compile"] if compiled else [])
+
+
+def bench_ours(iters, compiled=False):
+    from bench.bench_vs_huggingface import our_trainer
+    from megatron.core import parallel_state as ps
     torch.cuda.reset_peak_memory_stats()
-    trainer = our_trainer(flags)
-    assert trainer.padded_vocab_size == s["vocab"], trainer.padded_vocab_size
+    trainer = our_trainer(trainer_flags(compiled))
+    assert trainer.padded_vocab_size == SHAPE["vocab"], trainer.padded_vocab_size
 
     def step():
         trainer.consumed_samples = 0
         trainer.train_step()
-    sec = _timed(step, iters)
-    model = trainer.model
+    sec = _timed(step, iters, warmup=5 if compiled else 3)   # compiling: the first steps
     trainer.close()
-    return sec, torch.cuda.max_memory_allocated(), model
+    peak = torch.cuda.max_memory_allocated()
+    ps.destroy_model_parallel()   # the next trainer initialises its own
+    del trainer, step
+    gc.collect()   # the trainer's cycles (optimizer <-> model) hold GPU memory until collected
+    torch.cuda.empty_cache()
+    return sec, peak
 
 
 def bench_hf(iters, compiled):
@@ -163,12 +174,12 @@ def bench_hf(iters, compiled):
 def training_table(iters, quick, deadline):
     tokens = SHAPE["mbs"] * SHAPE["seq"]
     fpt = flops_per_token(**SHAPE)
-    rows = {}
-    sec, peak, model = bench_ours(iters)
-    rows[OURS] = (sec, peak)
-    del model
-    gc.collect()   # the trainer's cycles (optimizer <-> model) hold GPU memory until collected
-    torch.cuda.empty_cache()
+    rows = {OURS: bench_ours(iters)}
+    if not quick:
+        if time.monotonic() > deadline:
+            print(f"SKIP {OURS_COMPILED}: past --deadline-s")
+        else:
+            rows[OURS_COMPILED] = bench_ours(iters, compiled=True)
     for name, compiled in ((HF_EAGER, False), (HF_COMPILED, True)):
         if compiled and quick:
             continue
@@ -501,16 +512,17 @@ def codec_table(shapes, dtypes, iters: int, device, deadline: float,
 def verdicts(training, codecs):
     """PERF lines for every target measured (see perf_line)."""
     lines = []
-    ours = training.get(OURS, {})
-    for ref, target in ((HF_EAGER, 1.0), (HF_COMPILED, 1.0)):
-        if "tokens_per_s" in ours and ref in training:
-            lines.append(perf_line(f"training tokens/s ours / {ref}",
-                                   ours["tokens_per_s"] / training[ref]["tokens_per_s"], target,
-                                   at_least=True))
-    if "peak_gib" in ours and "peak_gib" in training.get(HF_COMPILED, {}):
-        lines.append(perf_line(f"training peak memory ours / {HF_COMPILED}",
-                               ours["peak_gib"] / training[HF_COMPILED]["peak_gib"], 1.0,
-                               at_least=False))
+    for mine in (OURS, OURS_COMPILED):
+        ours, who = training.get(mine, {}), "ours" if mine == OURS else mine
+        for ref, target in ((HF_EAGER, 1.0), (HF_COMPILED, 1.0)):
+            if "tokens_per_s" in ours and ref in training:
+                lines.append(perf_line(f"training tokens/s {who} / {ref}",
+                                       ours["tokens_per_s"] / training[ref]["tokens_per_s"],
+                                       target, at_least=True))
+        if "peak_gib" in ours and "peak_gib" in training.get(HF_COMPILED, {}):
+            lines.append(perf_line(f"training peak memory {who} / {HF_COMPILED}",
+                                   ours["peak_gib"] / training[HF_COMPILED]["peak_gib"], 1.0,
+                                   at_least=False))
     for key, r in codecs.items():
         t_enc, t_dec = TARGETS[r["family"]] if "family" in r else (1.0, 1.0)
         lines.append(perf_line(f"codec {key} encode / device copy", r["encode_x"],

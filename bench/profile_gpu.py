@@ -6,7 +6,7 @@ GPT-2-small trainer, it runs a few calls under torch.profiler and prints each ke
 and time per call, so that launches, extra passes over the message and slow kernels show.
 
     python bench/profile_gpu.py [--shape 1024,8,1920] [--dtype bf16] [--top 12]
-                                [--skip-training] [--out profile.md]
+                                [--skip-training] [--compiled] [--out profile.md]
     python bench/profile_gpu.py --device cpu --shape 64,2,32 --skip-training   # CPU smoke
 """
 import argparse
@@ -100,26 +100,26 @@ def codec_profiles(shape, dtype, device, top: int) -> List[str]:
     return out
 
 
-def training_profile(top: int, iters: int = 3) -> str:
+def training_profile(top: int, iters: int = 3, compiled: bool = False) -> str:
+    """The kernels of one training step, and how much of the step's wall time they fill
+    (the rest: the GPU waiting for the host)."""
     from bench.bench_vs_huggingface import our_trainer
-    s = bench_gpu.SHAPE
-    flags = ["--num-layers", str(s["layers"]), "--hidden-size", str(s["hidden"]),
-             "--num-attention-heads", str(s["heads"]), "--seq-length", str(s["seq"]),
-             "--micro-batch-size", str(s["mbs"]), "--global-batch-size", str(s["mbs"]),
-             "--make-vocab-size-divisible-by", str(s["vocab"]), "--bf16", "--openai-gelu",
-             "--train-iters", "1000000", "--eval-iters", "0", "--log-interval", "1000000",
-             "--eval-interval", "1000000"]
-    trainer = our_trainer(flags)
+    from megatron.core import parallel_state as ps
+    trainer = our_trainer(bench_gpu.trainer_flags(compiled))
 
     def step(_):
         trainer.consumed_samples = 0
         trainer.train_step()
-    for _ in range(2):
-        step(0)
+    wall_ms = bench_gpu._timed(lambda: step(0), iters, warmup=5 if compiled else 2) * 1e3
     prof = profiled(step, iters, torch.device("cuda"))
     trainer.close()
-    text = table("training step (GPT-2 small, bf16, micro-batch 16)",
-                 kernel_rows(prof, iters, "cuda"), top)
+    ps.destroy_model_parallel()
+    rows = kernel_rows(prof, iters, "cuda")
+    busy_ms = sum(r["us"] for r in rows) / 1e3
+    what = "--torch-compile" if compiled else "eager"
+    text = table(f"training step (GPT-2 small, bf16, micro-batch 16, {what}): wall "
+                 f"{wall_ms:.1f} ms, kernels {busy_ms:.1f} ms ({100 * busy_ms / wall_ms:.0f}% "
+                 f"busy)", rows, top)
     print(text, flush=True)
     return text
 
@@ -132,6 +132,8 @@ def main(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--skip-training", action="store_true")
     p.add_argument("--skip-codecs", action="store_true")
+    p.add_argument("--compiled", action="store_true",
+                   help="also profile the training step with --torch-compile")
     p.add_argument("--out", default=None, help="also write the tables here (markdown)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -143,6 +145,8 @@ def main(argv=None):
     parts = []
     if not args.skip_training and device.type == "cuda":
         parts.append(training_profile(args.top))
+        if args.compiled:
+            parts.append(training_profile(args.top, compiled=True))
     if not args.skip_codecs:
         parts += codec_profiles(shape, dtype, device, args.top)
     if args.out:

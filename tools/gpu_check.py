@@ -89,7 +89,7 @@ def plan(quick: bool, select: Optional[str] = None, root: str = ROOT) -> List[Ch
                        if f.startswith("test_") and f.endswith(".py"))
         rest = tuple(f for f in files if f not in named)
         if rest:
-            checks.append(Check("other tests/gpu files", rest, 120, False))
+            checks.append(Check("other tests/gpu files", rest, 180, False))
     if select:
         checks = [c for c in checks if select.lower() in c.name.lower()
                   or any(select in n for n in c.nodes)]

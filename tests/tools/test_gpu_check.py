@@ -148,6 +148,7 @@ def test_perf_line_prints_the_ratio_and_met_or_missed(ratio, target, at_least, v
 def test_verdicts_from_fake_results():
     training = {bench_gpu.OURS: {"tokens_per_s": 180_000, "peak_gib": 14.7},
                 bench_gpu.HF_EAGER: {"tokens_per_s": 171_000, "peak_gib": 23.7},
+                bench_gpu.OURS_COMPILED: {"tokens_per_s": 318_240, "peak_gib": 10.5},
                 bench_gpu.HF_COMPILED: {"tokens_per_s": 306_000, "peak_gib": 10.5}}
     codecs = {"fixpoint 8-bit fitted (1024, 8, 1920) bfloat16":
               {"encode_x": 1.4, "decode_x": 1.6, "family": "fixpoint"},
@@ -161,6 +162,12 @@ def test_verdicts_from_fake_results():
         "(target >= 1.00x) target missed",
         "PERF training peak memory ours / HF GPT2LMHeadModel torch.compile: 1.40x "
         "(target <= 1.00x) target missed",
+        "PERF training tokens/s ours with --torch-compile / HF GPT2LMHeadModel eager: 1.86x "
+        "(target >= 1.00x) target met",
+        "PERF training tokens/s ours with --torch-compile / HF GPT2LMHeadModel torch.compile: "
+        "1.04x (target >= 1.00x) target met",
+        "PERF training peak memory ours with --torch-compile / HF GPT2LMHeadModel "
+        "torch.compile: 1.00x (target <= 1.00x) target met",
         "PERF codec fixpoint 8-bit fitted (1024, 8, 1920) bfloat16 encode / device copy: "
         "1.40x (target <= 1.50x) target met",
         "PERF codec fixpoint 8-bit fitted (1024, 8, 1920) bfloat16 decode / device copy: "
