@@ -53,7 +53,9 @@ def test_delta_step():
     new_ref = prev + quant.dequantize(codes, scales, 4, x.shape, "channel")
     payload, new = delta.encode_update(x, prev.clone(), q)
     assert torch.equal(payload[0], quant.pack_bits(codes, 4)) and torch.equal(new, new_ref)
-    assert torch.equal(delta.decode_update(payload, prev.clone(), q, x.shape), new_ref)
+    receiver = prev.clone()
+    x_hat = delta.decode_update(payload, receiver, q, x.shape, torch.bfloat16)
+    assert torch.equal(receiver, new_ref) and torch.equal(x_hat, new_ref.to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("t", [2, 16, 64])

@@ -388,9 +388,9 @@ class DeltaCodec(Codec):
         cache, slots = self._cache(shape, ctx.sample_ids, payload[0].device)
         prev = cache.read(slots).transpose(0, 1)
         from megatron.cc.codecs import delta_kernels as fused_delta
-        x_hat = fused_delta.decode_update(payload, prev, self.q, shape)
-        cache.write(slots, x_hat.transpose(0, 1))
-        return x_hat.to(dtype)
+        x_hat = fused_delta.decode_update(payload, prev, self.q, shape, dtype)
+        cache.write(slots, prev.transpose(0, 1))   # prev holds x_hat in fp32 now
+        return x_hat
 
     def close(self) -> None:
         if self.cache is not None:

@@ -3,7 +3,8 @@
 For a message x (S, B, H) and the cached c of its samples (fp32, any strides):
     encode_update   sender:   d = x - c; scales of d; ONE pass writes the packed codes of d
                     and c <- c + deQ(codes) in place
-    decode_update   receiver: ONE pass unpacks, dequantises and adds c: x_hat (fp32)
+    decode_update   receiver: ONE pass unpacks, dequantises, adds c, writes c <- x_hat (fp32)
+                    in place and x_hat in the message's dtype
 Both ends compute c + deQ with the same fp32 operations (no FMA: dispatch.LAUNCH), so their
 caches stay bit-identical. On CPU tensors these run the eager steps; stochastic rounding (q.rng)
 stays eager.
@@ -31,7 +32,8 @@ def encode_update(x: torch.Tensor, prev: torch.Tensor, q: FixpointCodec):
         new = prev.add_(q.dequantize(codes, scales, x.shape))
         return [pack_bits(codes, q.bits), scales], new
     from megatron.cc.kernels import fixpoint
-    d = torch.sub(x.float(), prev, out=torch.empty(x.shape, device=x.device))
+    # x's dtype widens to fp32 inside the subtraction (exact, as x.float() is): no fp32 copy
+    d = torch.sub(x, prev, out=torch.empty(x.shape, device=x.device))
     scales = fixpoint.group_scales(d, q.bits, q.granularity, q.group_size, q.scale_dtype,
                                    q.scheme)
     packed = fixpoint.quantize_pack(d, scales, q.bits, q.granularity, q.group_size, q.scheme,
@@ -39,12 +41,13 @@ def encode_update(x: torch.Tensor, prev: torch.Tensor, q: FixpointCodec):
     return [packed, scales], prev
 
 
-def decode_update(payload, prev: torch.Tensor, q: FixpointCodec, shape) -> torch.Tensor:
-    """x_hat = prev + deQ(payload), fp32 (S, B, H): the receiver's new cache and message."""
+def decode_update(payload, prev: torch.Tensor, q: FixpointCodec, shape, dtype):
+    """prev += deQ(payload) in place (fp32 (S, B, H): the receiver's new cache); returns the
+    message x_hat, that sum in `dtype`."""
     shape = tuple(shape)
     if not dispatch.enabled(payload[0], prev):   # dequantising needs no random draw
         codes = unpack_bits(payload[0], q.bits, math.prod(shape))
-        return prev.add_(q.dequantize(codes, payload[1], shape))
+        return prev.add_(q.dequantize(codes, payload[1], shape)).to(dtype)
     from megatron.cc.kernels import fixpoint
     return fixpoint.unpack_dequantize(payload[0], payload[1], q.bits, shape, q.granularity,
-                                      q.group_size, scheme=q.scheme, prev=prev)
+                                      q.group_size, dtype, q.scheme, prev=prev, new=prev)

@@ -552,11 +552,11 @@ def _quant_pack_kernel(x_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, N, NBYTES, C, G
 
 
 @triton.jit
-def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, prev_ptr, N, NBYTES, C, G, NT,
-                           D1, D2, PS0, PS1, PS2, C0, LPS, C0T, LPST,
+def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, N, NBYTES, C, G, NT,
+                           D1, D2, PS0, PS1, PS2, NS0, NS1, NS2, C0, LPS, C0T, LPST,
                            GRAN: tl.constexpr, BITS: tl.constexpr, BF16: tl.constexpr,
                            SIGNED: tl.constexpr, OUT: tl.constexpr, PREV: tl.constexpr,
-                           BLOCK: tl.constexpr, BP: tl.constexpr):
+                           NEW: tl.constexpr, BLOCK: tl.constexpr, BP: tl.constexpr):
     grp = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     k = tl.arange(0, BP)
     addr = grp[:, None] * BITS + k[None, :]
@@ -571,6 +571,8 @@ def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, prev_ptr, N, NBYTES, C, G, NT,
     val = (code.to(tl.float32) - c0) * step
     if PREV:
         val = tl.load(prev_ptr + _offset3(i, D1, D2, PS0, PS1, PS2), mask=m, other=0.0) + val
+    if NEW:    # the fp32 sum also to `new` (the receiver's cache), the message in its dtype
+        tl.store(new_ptr + _offset3(i, D1, D2, NS0, NS1, NS2), val, mask=m)
     if OUT == 0:
         tl.store(out_ptr + i, val, mask=m)
     elif OUT == 1:
@@ -621,33 +623,38 @@ def quantize_pack(x, scales, bits, granularity, group_size=128, scheme="fitted",
 
 
 def unpack_dequantize(packed, scales, bits, shape, granularity="channel", group_size=128,
-                      dtype=torch.float32, scheme="fitted", prev=None) -> torch.Tensor:
+                      dtype=torch.float32, scheme="fitted", prev=None,
+                      new=None) -> torch.Tensor:
     """dequantize(unpack_bits(packed), scales, ...).to(dtype), a tensor of `shape`.
 
-    prev (delta codecs): returns prev + dequantize(...) in fp32 (dtype ignored)."""
+    prev (delta codecs, (S, B, H), any strides): returns prev + dequantize(...) in fp32 (dtype
+    ignored); with `new` too (fp32, any strides, prev itself allowed) that fp32 sum goes to
+    new and the return is it in `dtype`, from the same pass."""
     shape = tuple(shape)
     n = math.prod(shape)
     if packed.numel() != quant.packed_nbytes(n, bits):
         raise ValueError(f"{packed.numel()} packed bytes, expected ceil({n}*{bits}/8)")
-    if prev is not None:
+    if prev is not None and new is None:
         dtype = torch.float32
     out = torch.empty(shape, dtype=dtype, device=packed.device)
     if n == 0:
         return out
     grids = _grids(bits, scheme)
     d1 = d2 = 1
-    ps = (0, 0, 0)
+    ps = ns = (0, 0, 0)
     if prev is not None:
         d1, d2 = _dims3(shape)
         ps = prev.stride()
+        ns = new.stride() if new is not None else ps
     kind = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
     _unpack_dequant_kernel[(cdiv(cdiv(n, 8), CODE_BLOCK),)](
         packed.contiguous(), scales.view(torch.int16), out if kind < 2 else out.view(torch.int16),
-        prev if prev is not None else out, n, packed.numel(),
-        *_geometry(shape, granularity, group_size), d1, d2, *ps, *grids[0], *grids[1],
+        prev if prev is not None else out, new if new is not None else out, n, packed.numel(),
+        *_geometry(shape, granularity, group_size), d1, d2, *ps, *ns, *grids[0], *grids[1],
         GRAN=GRAN[granularity], BITS=bits, BF16=scales.dtype == torch.bfloat16,
-        SIGNED=_signed(bits, scheme), OUT=kind,
-        PREV=prev is not None, BLOCK=CODE_BLOCK, BP=next_pow2(bits), **LAUNCH)
+        SIGNED=_signed(bits, scheme), OUT=kind, PREV=prev is not None,
+        NEW=prev is not None and new is not None, BLOCK=CODE_BLOCK, BP=next_pow2(bits),
+        **LAUNCH)
     return out
 
 

@@ -47,8 +47,17 @@ def test_encode_and_decode_update(bits, granularity, group, scheme, dtype, monke
     payload, new = kd.encode_update(x, sender, q)
     assert torch.equal(payload[1], scales) and torch.equal(payload[0], ref_packed)
     assert new.data_ptr() == sender.data_ptr() and torch.equal(new, ref_new)   # in place
-    x_hat = kd.decode_update(payload, prev.clone(), q, SHAPE)
-    assert x_hat.dtype == torch.float32 and torch.equal(x_hat, ref_new)
+    for out in (torch.float32, torch.bfloat16):
+        receiver = prev.clone()
+        x_hat = kd.decode_update(payload, receiver, q, SHAPE, out)
+        assert torch.equal(receiver, ref_new)                # the cache, in place
+        assert x_hat.dtype == out and x_hat.shape == SHAPE
+        # the message: the cache's value in its dtype (the interpreter's fp32 -> bf16 cast
+        # truncates where CUDA rounds, so bf16 is compared by the kernel's own conversion)
+        if out == torch.float32:
+            assert torch.equal(x_hat, ref_new)
+        else:
+            assert (x_hat.float() - ref_new).abs().le(ref_new.abs() * 2 ** -7).all()
 
 
 def test_eager_branch_is_delta_codecs_arithmetic():
@@ -65,4 +74,6 @@ def test_eager_branch_is_delta_codecs_arithmetic():
     ours, new = kd.encode_update(x2, prev.clone(), enc.q)
     assert all(torch.equal(a, b) for a, b in zip(ours, payload))
     assert torch.equal(new, enc.cache.read(slots).transpose(0, 1))
-    assert torch.equal(kd.decode_update(payload, prev.clone(), dec.q, SHAPE), x_hat)
+    receiver = prev.clone()
+    assert torch.equal(kd.decode_update(payload, receiver, dec.q, SHAPE, torch.float32), x_hat)
+    assert torch.equal(receiver, x_hat)
