@@ -56,11 +56,15 @@ def _allocate(a: torch.Tensor, high_ratio: float) -> tuple[torch.Tensor, torch.T
     # H = -sum (a/s) log(a/s) = log s - sum(a log a) / s; 0 log 0 = 0; an all-zero token has H = 0
     a_log_a = torch.linalg.vecdot(a, a.clamp_min(torch.finfo(torch.float32).tiny).log_())
     entropy = torch.where(s > 0, s.log() - a_log_a / s, torch.zeros_like(s))
-    k = int(math.floor(high_ratio * a.shape[0] + 0.5))
+    return rank_tokens(entropy, int(math.floor(high_ratio * a.shape[0] + 0.5)))
+
+
+def rank_tokens(entropy: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high mask, token order) of the k tokens of highest entropy (ties: lower index)."""
     order = torch.sort(entropy, descending=True, stable=True).indices
     # index_fill_ takes the value as a kernel argument; `high[idx] = True` copies a host
     # scalar to the GPU first (a host sync on CUDA)
-    high = torch.zeros(a.shape[0], dtype=torch.bool, device=a.device).index_fill_(
+    high = torch.zeros(entropy.shape[0], dtype=torch.bool, device=entropy.device).index_fill_(
         0, order[:k], True)
     return high, _split_order(high)
 
@@ -161,6 +165,10 @@ class TahCodec(Codec):
     def allocate(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(high, token order) of the (T, C) magnitudes `a` (module function _allocate)."""
         return _allocate(a, self.high_ratio)
+
+    def rank(self, entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(high, token order) from the tokens' entropies (allocate's second half)."""
+        return rank_tokens(entropy, int(math.floor(self.high_ratio * entropy.shape[0] + 0.5)))
 
     def encode(self, x, ctx=None):
         from megatron.cc.kernels import dispatch

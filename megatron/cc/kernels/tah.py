@@ -1,8 +1,9 @@
 """TAH-Quant codec (codecs/tah.py) on kernels: the tile transform and the payload packing.
 
-encode: the token entropies and their order stay eager (the bit allocation is the eager one);
-_tiles_kernel does each tile's outlier test, pivot swap + Hadamard, fp16 zero and scale, codes
-and flag / pivot bits, and _pack_rows_kernel packs the high and the low tokens' codes.
+encode: _entropy_kernel computes every token's entropy in one pass over the message (their
+order, which picks the high-precision tokens, is sorted eagerly); _tiles_kernel reads the
+message itself and does each tile's outlier test, pivot swap + Hadamard, fp16 zero and scale,
+codes and flag / pivot bits, and _pack_rows_kernel packs the high and the low tokens' codes.
 decode: _decode_kernel reads each tile's flag, pivot and codes, dequantises and inverts the
 transform. Payload bytes and decodes are bit-identical to TahCodec's.
 """
@@ -31,14 +32,34 @@ def _codes(y, zero, step, levels):
 
 
 @triton.jit
-def _tiles_kernel(x_ptr, high_ptr, codes_ptr, sz_ptr, flag_ptr, piv_ptr, NTILES, NT,
+def _entropy_kernel(x_ptr, out_ptr, C, TINY, BLOCK: tl.constexpr):
+    """Entropy of |x| over one token's C values (tah._allocate's formula), in fp32."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    s = tl.zeros((BLOCK,), tl.float32)
+    alog = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, C, BLOCK):
+        c = start + cols
+        a = tl.abs(tl.load(x_ptr + row * C + c, mask=c < C, other=0.0).to(tl.float32))
+        s += a
+        alog += a * tl.log(tl.maximum(a, TINY))
+    total = tl.sum(s, axis=0)
+    h = tl.log(total) - tl.math.div_rn(tl.sum(alog, axis=0), total)
+    tl.store(out_ptr + row, tl.where(total > 0, h, 0.0))
+
+
+@triton.jit
+def _tiles_kernel(x_ptr, high_ptr, codes_ptr, sz_ptr, flag_ptr, piv_ptr, NTILES, NT, C,
                   FACTOR, INV_SQRT, HIGH_LEVELS, LOW_LEVELS, FLAG_BYTES, PIV_BYTES,
                   T: tl.constexpr, LOGT: tl.constexpr, PB: tl.constexpr, PBP: tl.constexpr,
                   TB: tl.constexpr):
     f = tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB)     # tiles, (token, tile j)
     fm = f < NTILES
     e = tl.arange(0, T)
-    x = tl.load(x_ptr + f[:, None] * T + e[None, :], mask=fm[:, None], other=0.0)
+    # the message itself, (tokens, C) in its dtype; columns past C are the zero padding
+    cols = (f % NT)[:, None] * T + e[None, :]
+    x = tl.load(x_ptr + (f // NT)[:, None] * C + cols, mask=fm[:, None] & (cols < C),
+                other=0.0).to(tl.float32)
     a = tl.abs(x)
     first = tl.max(a, axis=1)
     above = tl.sum((a > tl.math.div_rn(first, FACTOR)[:, None]).to(tl.int32), axis=1)
@@ -148,11 +169,25 @@ def _offsets(codec, shape) -> list[int]:
     return out
 
 
+def entropies(x: torch.Tensor) -> torch.Tensor:
+    """(T,) fp32 entropy of every token's |x| (x viewed (T, C)), one pass over x; equal to
+    the eager formula's up to summation order and rounding of the logarithms."""
+    c = x.shape[-1]
+    x2 = x.reshape(-1, c).contiguous()
+    out = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
+    if x2.shape[0]:
+        _entropy_kernel[(x2.shape[0],)](x2, out, c, torch.finfo(torch.float32).tiny,
+                                        BLOCK=min(1024, next_pow2(c)), **LAUNCH)
+    return out
+
+
 def encode(codec, x: torch.Tensor) -> list[torch.Tensor]:
-    """TahCodec.encode(x) on the kernels: the same payload, byte for byte."""
+    """TahCodec.encode(x) on the kernels: the eager payload, byte for byte, for the same token
+    allocation; the allocation ranks entropies summed in the kernel's order (`entropies`), so
+    tokens whose entropies tie to rounding may swap precision against the eager encode."""
     T, c, cp, nt, k = codec._dims(x.shape)
-    X = codec._tiles(x).view(T, cp)                   # fp32 zero-padded copy, as eager
-    high, order = codec.allocate(X.abs())
+    X = x.reshape(T, c).contiguous()                  # the tiles kernel pads as it reads
+    high, order = codec.rank(entropies(X))
     n = codec.nbytes(x.shape)
     payload = torch.empty(n, dtype=torch.uint8, device=x.device)
     off = _offsets(codec, x.shape)
@@ -162,7 +197,7 @@ def encode(codec, x: torch.Tensor) -> list[torch.Tensor]:
     tb = max(8, TILE_BLOCK // t)
     _tiles_kernel[(cdiv(T * nt, tb),)](
         X, high.to(torch.uint8), codes, payload[:off[1]].view(torch.int16), payload[off[2]:],
-        payload[off[3]:], T * nt, nt, float(codec.outlier_factor), 1.0 / math.sqrt(t),
+        payload[off[3]:], T * nt, nt, c, float(codec.outlier_factor), 1.0 / math.sqrt(t),
         float(2 ** codec.high_bits - 1), float(2 ** codec.low_bits - 1), off[3] - off[2],
         off[4] - off[3], T=t, LOGT=pb, PB=pb, PBP=next_pow2(pb), TB=tb, **LAUNCH)
     for start, rows, bits, at in ((0, k, codec.high_bits, off[4]),

@@ -39,3 +39,21 @@ def test_encode_decode_bit_identical(t, hb, lb, ratio, shape, dtype):
         y = kt.decode(codec, ref, shape, out)
         y_ref = codec.decode(ref, shape, out)
         assert y.dtype == out and torch.equal(y.view(torch.uint8), y_ref.view(torch.uint8))
+
+
+@pytest.mark.parametrize("shape,dtype", [((6, 5, 37), torch.float32), ((9, 1300), torch.bfloat16),
+                                         ((3, 2, 64), torch.float16)],
+                         ids=["padded-tiles", "two-blocks", "fp16"])
+def test_entropies_match_the_eager_allocation(shape, dtype):
+    """The kernel's token entropies against the eager formula's (summation order and the
+    logarithm's rounding apart), zero tokens included; their ranking is the eager one here."""
+    from megatron.cc.codecs import tah
+    x = spiky(shape, dtype, seed=3)
+    x.view(-1, shape[-1])[1] = 0                    # an all-zero token: entropy 0
+    got = kt.entropies(x)
+    a = x.reshape(-1, shape[-1]).abs().float()
+    s = a.sum(-1)
+    ref = torch.where(s > 0, s.log() - torch.linalg.vecdot(a, a.clamp_min(1e-38).log()) / s, 0)
+    assert got[1] == 0 and torch.allclose(got, ref, rtol=1e-5, atol=1e-5)
+    codec = get_codec("tah", high_ratio=0.5)
+    assert torch.equal(codec.rank(got)[0], tah.entropy_allocation(x.reshape(-1, shape[-1]), 0.5))
