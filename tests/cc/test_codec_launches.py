@@ -31,7 +31,7 @@ BUDGET = {
     "delta 4-bit (device cache)": (20, 12, 7, 5),
     "delta-lowbits 4/8 (device cache)": (27, 14, 14, 7),
     "tah t=64 4/3-bit": (13, 4, 8, 1),
-    "cocktail 0.1/0.2 4-bit": (20, 1, 10, 3),
+    "cocktail 0.1/0.2 4-bit": (20, 1, 14, 2),
     "subspace k=10 4-bit": (13, 7, 1, 1),
     "DiLoCo int8 (pseudo-gradient)": (2, 2, 1, 1),
     "DiLoCo fp16 (pseudo-gradient)": (1, 1, 1, 1),

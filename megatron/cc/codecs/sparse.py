@@ -113,17 +113,19 @@ class CocktailCodec(StepCodec):
         would sync the host): `mask_ok` tells."""
         n_rand, k = self.sizes(numel)
         device = payload[0].device
+        # in `dtype` at once: each value rounds once, as a dense fp32 copy cast would
         vals = fused.decode(payload[1], payload[2], self.bits, (k,), "bucket", self.bucket_size,
-                            torch.float32, self.scheme)
+                            dtype, self.scheme)
         idx = self.random_indices(numel, step, device)
         if k < n_rand:
-            mask = fused.unpack_bits(payload[0], 1, n_rand)
-            # The k set positions in subset order: a stable sort puts the ones first.
-            idx = idx[torch.sort(mask, descending=True, stable=True).indices[:k]]
+            mask = fused.unpack_bits(payload[0], 1, n_rand).bool()
+            # the j-th set bit of the mask holds value j: its rank is the running count
+            rank = torch.cumsum(mask, 0).sub_(1).clamp_(0, max(k - 1, 0))
+            vals = torch.where(mask, vals[rank], 0) if k else vals.new_zeros(n_rand)
         # Pads (positions >= numel) land in a tail that is cut off.
-        out = torch.zeros(numel + self.stride, dtype=torch.float32, device=device)
+        out = torch.zeros(numel + self.stride, dtype=dtype, device=device)
         out[idx] = vals
-        return out[:numel].to(dtype)
+        return out[:numel]
 
     def mask_ok(self, payload: list[torch.Tensor], numel: int) -> bool:
         """True when the payload's mask selects exactly k entries (a host sync)."""
