@@ -35,7 +35,7 @@ BUDGET = {
     "subspace k=10 4-bit": (13, 7, 1, 1),
     "DiLoCo int8 (pseudo-gradient)": (2, 2, 1, 1),
     "DiLoCo fp16 (pseudo-gradient)": (1, 1, 1, 1),
-    "SparseLoCo 1/64 of 4096, 2-bit (pseudo-gradient)": (13, 5, 8, 2),
+    "SparseLoCo 1/64 of 4096, 2-bit (pseudo-gradient)": (14, 4, 8, 2),
 }
 
 

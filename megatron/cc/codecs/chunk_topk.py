@@ -94,16 +94,22 @@ class ChunkTopKCodec(StepCodec):
     def compress(self, x: torch.Tensor, step: int = 0) -> list[torch.Tensor]:
         flat = x.reshape(-1).float()
         n, m, k = flat.numel(), self.chunks(flat.numel()), self.k
-        chunks = torch.nn.functional.pad(flat, (0, m * self.C - n)).view(m, self.C)
         gen = None if self.rng is None else self.rng.get(flat.device)
         if self.dense():
-            vals, idx = chunks, torch.empty(0, dtype=torch.uint8, device=flat.device)
+            vals = torch.nn.functional.pad(flat, (0, m * self.C - n))
+            idx = torch.empty(0, dtype=torch.uint8, device=flat.device)
         else:
-            # pads lose to every real entry
-            mag = torch.nn.functional.pad(flat.abs(), (0, m * self.C - n), value=-1.0)
-            mag = mag.view(m, self.C)
-            keep = mag.topk(k, dim=1, sorted=False).indices.sort(dim=1).values   # (m, k)
-            vals = chunks.gather(1, keep)
+            # |x| written straight into the padded buffer; pads (-1) lose to every real entry
+            mag = torch.full((m * self.C,), -1.0, device=flat.device)
+            torch.abs(flat, out=mag[:n])
+            keep = mag.view(m, self.C).topk(k, dim=1, sorted=False).indices.sort(dim=1).values
+            # the kept values read from x itself; a pad is kept only when the last chunk has
+            # fewer than k real entries (known from sizes), and then reads as 0
+            at = keep + torch.arange(0, m * self.C, self.C, device=flat.device)[:, None]
+            if n - (m - 1) * self.C >= k:
+                vals = flat[at]
+            else:
+                vals = torch.where(at < n, flat[at.clamp(max=n - 1)], 0.0)
             idx = pack_uints(keep, self.ibits)
         if gen is None:   # round to nearest: the fused kernels on CUDA
             return [idx, *fused.encode(vals.reshape(-1), self.bits, "bucket", k,
