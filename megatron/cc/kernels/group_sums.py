@@ -163,12 +163,21 @@ def column_sums(v: torch.Tensor, L: int) -> torch.Tensor:
     return lane_sum(v.t(), L)
 
 
+# Gram-Schmidt's one program reads this many rows at a time: each of its row sweeps is a
+# chain of dependent loads, so the fewer, wider steps the better
+GRAM_SCHMIDT_LANES = 512
+
+
+def gram_schmidt_lanes(n: int) -> int:
+    return min(1 << max(0, (n - 1).bit_length()), GRAM_SCHMIDT_LANES)
+
+
 def orthogonalize_(p: torch.Tensor, eps: float = 1e-8, passes: int = 2) -> torch.Tensor:
     """lowrank.orthogonalize_ (Gram-Schmidt, `passes` passes, relative norm floor) on a 2-D
     fp32 p (n, r), with every sum over the n rows (norms, projections) in the kernels' order
-    (lanes("channel", n)); the twin of kernels/lowrank.py."""
+    (gram_schmidt_lanes(n) lanes); the twin of kernels/lowrank.py."""
     n, r = p.shape
-    L = lanes("channel", n)
+    L = gram_schmidt_lanes(n)
     for _ in range(passes):
         scale = sqrt_rn(column_sums(p * p, L)).amax()
         floor = torch.where(scale > 0, eps * scale, torch.full_like(scale, eps))

@@ -1,7 +1,7 @@
 """Gram-Schmidt of the lowrank codec (codecs/lowrank.py orthogonalize_) in one launch.
 
 One program per matrix sweeps the rows twice per column, in place of several small launches
-per column and pass. Sums over the n rows follow kernels/group_sums.py's order;
+per column and pass, up to 512 rows a step (group_sums.gram_schmidt_lanes). Sums over the n rows follow kernels/group_sums.py's order;
 group_sums.orthogonalize_ is the torch twin the kernel equals bit for bit (against the BLAS
 order of lowrank.orthogonalize_ the result differs by rounding only). Used for CUDA fp32
 contiguous p (n, r) with n <= 16384.
@@ -77,7 +77,7 @@ def orthogonalize_(p: torch.Tensor, eps: float = 1e-8, passes: int = 2) -> torch
     n, r = p.shape
     if n == 0 or r == 0:
         return p
-    L = group_sums.lanes("channel", n)
+    L = group_sums.gram_schmidt_lanes(n)
     _gram_schmidt_kernel[(1,)](p, n, r, float(eps), passes, BR=L, LOGBR=L.bit_length() - 1,
-                               RP=next_pow2(r), **LAUNCH)
+                               RP=next_pow2(r), num_warps=8 if L >= 256 else 4, **LAUNCH)
     return p

@@ -18,7 +18,8 @@ def matrix(n, r, rank=None, seed=0):
     return torch.randn(n, rank, generator=g) @ torch.randn(rank, r, generator=g)
 
 
-CASES = [("tall", matrix(200, 16, seed=1)),          # 4 row chunks of 64, the last partial
+CASES = [("tall", matrix(1300, 16, seed=1)),         # 3 row steps of 512, the last partial
+         ("short", matrix(200, 16, seed=6)),         # one step of 256 lanes, 56 empty
          ("small", matrix(37, 5, seed=2)),           # one chunk of 64 lanes, 27 empty
          ("rank2of6", matrix(90, 6, rank=2, seed=3)),  # columns past the rank: rounding noise
          ("zero-col", torch.cat([matrix(50, 3, seed=4), torch.zeros(50, 1)], dim=1)),
