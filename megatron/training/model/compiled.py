@@ -1,7 +1,8 @@
 """--torch-compile: every transformer layer of megatron-core's model under torch.compile.
 
-Without Transformer Engine or apex, megatron-core's layer runs its layer norms, dropouts,
-bias adds, GeLU and residual adds as separate kernels; inductor fuses them into a few. The
+Without Transformer Engine or apex, megatron-core's layer runs its layer norms, dropouts and
+residual adds as kernels of their own (bias-GeLU and bias-dropout-add are fused on GPUs);
+inductor fuses the chains between the matrix products. The
 layers stay megatron-core's modules (names, parameters, checkpoints, hooks unchanged): each is
 compiled in place with nn.Module.compile. The layers share their code, so one compilation
 serves them all; the recompile limit is raised to the number of layers so that a layer whose
