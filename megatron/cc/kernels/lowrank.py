@@ -1,10 +1,10 @@
 """Gram-Schmidt of the lowrank codec (codecs/lowrank.py orthogonalize_) in one launch.
 
-One program per matrix sweeps the rows twice per column, in place of several small launches
-per column and pass, up to 512 rows a step (group_sums.gram_schmidt_lanes). Sums over the n rows follow kernels/group_sums.py's order;
-group_sums.orthogonalize_ is the torch twin the kernel equals bit for bit (against the BLAS
-order of lowrank.orthogonalize_ the result differs by rounding only). Used for CUDA fp32
-contiguous p (n, r) with n <= 16384.
+One program per matrix sweeps the rows twice per column, in place of several small launches per
+column and pass, up to 512 rows a step (group_sums.gram_schmidt_lanes). Sums over the n rows
+follow kernels/group_sums.py's order; group_sums.orthogonalize_ is the torch twin the kernel
+equals bit for bit (against the BLAS order of lowrank.orthogonalize_ the result differs by
+rounding only). Used for CUDA fp32 contiguous p (n, r) with n <= 16384.
 """
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 megatron-core's vocab_parallel_cross_entropy takes fp32 logits and keeps their softmax for the
 backward: at GPT-2-small's shape (micro-batch 16 x 1024 tokens x 50304) that is a 3.3 GB fp32
 copy of the logits and several passes over it. Here the forward reads the logits once in their
-own dtype and keeps two fp32 numbers per token (max and log-sum-exp); the backward recomputes the softmax
-from them. The result equals the eager loss up to the summation order of the softmax.
+own dtype and keeps two fp32 numbers per token (max and log-sum-exp); the backward recomputes
+the softmax from them. The result equals the eager loss up to the summation order of the
+softmax.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Compile every kernel for an H100 (sm_90) ahead of time, no GPU needed (Triton's bundled
-ptxas), and report per kernel whether its PTX has instructions that would break bit-identity
-with the eager reference: fused multiply-adds (fma.rn.f32), approximate division or square
-root. Run as `python -m tests.cc.kernels.aot_compile` (with TRITON_INTERPRET unset); prints
-one JSON object. The interpreter (tests/cc/kernels/test_*.py) cannot show either.
+"""Compile every kernel (the codecs' and the training loss') for an H100 (sm_90) ahead of time, no
+GPU needed (Triton's bundled ptxas), and report per kernel whether its PTX has instructions that
+would break bit-identity with the eager reference: fused multiply-adds (fma.rn.f32), approximate
+division or square root. Run as `python -m tests.cc.kernels.aot_compile` (with TRITON_INTERPRET
+unset); prints one JSON object. The interpreter (tests/cc/kernels/test_*.py) cannot show either.
 """
 import json
 import re
@@ -13,6 +13,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from megatron.cc.kernels import fixpoint, group_sums, lowrank, tah
+from megatron.training.loop import cross_entropy_kernels as ce
 
 TARGET = GPUTarget("cuda", 90, 32)
 F, I = "fp32", "i32"
@@ -58,16 +59,18 @@ def quant_pack(**k):
 
 
 def unpack(**k):
-    sig = dict(p_ptr="*u8", s_ptr="*i16", out_ptr="*i16", prev_ptr="*fp32", N=I, NBYTES=I, C=I,
-               G=I, NT=I, D1=I, D2=I, PS0=I, PS1=I, PS2=I, C0=F, LPS=F, C0T=F, LPST=F)
-    const = dict(GRAN=2, BITS=5, BF16=False, SIGNED=True, OUT=2, PREV=True, BLOCK=256, BP=8)
+    sig = dict(p_ptr="*u8", s_ptr="*i16", out_ptr="*i16", prev_ptr="*fp32", new_ptr="*fp32",
+               N=I, NBYTES=I, C=I, G=I, NT=I, D1=I, D2=I, PS0=I, PS1=I, PS2=I, NS0=I, NS1=I,
+               NS2=I, C0=F, LPS=F, C0T=F, LPST=F)
+    const = dict(GRAN=2, BITS=5, BF16=False, SIGNED=True, OUT=2, PREV=True, NEW=True,
+                 BLOCK=256, BP=8)
     const.update(k)
     return fixpoint._unpack_dequant_kernel, sig, const
 
 
 def tah_tiles(t):
-    sig = dict(x_ptr="*fp32", high_ptr="*u8", codes_ptr="*u8", sz_ptr="*i16", flag_ptr="*u8",
-               piv_ptr="*u8", NTILES=I, NT=I, FACTOR=F, INV_SQRT=F, HIGH_LEVELS=F,
+    sig = dict(x_ptr="*bf16", high_ptr="*u8", codes_ptr="*u8", sz_ptr="*i16", flag_ptr="*u8",
+               piv_ptr="*u8", NTILES=I, NT=I, C=I, FACTOR=F, INV_SQRT=F, HIGH_LEVELS=F,
                LOW_LEVELS=F, FLAG_BYTES=I, PIV_BYTES=I)
     pb = t.bit_length() - 1
     return tah._tiles_kernel, sig, dict(T=t, LOGT=pb, PB=pb, PBP=1 << (pb - 1).bit_length(),
@@ -91,7 +94,9 @@ def tah_decode(t, out):
 SPECS = {
     "lowrank.gram_schmidt[r16]": (lowrank._gram_schmidt_kernel,
                                   dict(p_ptr="*fp32", N=I, R=I, EPS=F, passes=I),
-                                  dict(BR=64, LOGBR=6, RP=16)),
+                                  dict(BR=512, LOGBR=9, RP=16)),
+    "tah.entropy[bf16]": (tah._entropy_kernel, dict(x_ptr="*bf16", out_ptr="*fp32", C=I,
+                                                    TINY=F), dict(BLOCK=1024)),
     "tah.tiles[t64]": tah_tiles(64),
     "tah.tiles[t2]": tah_tiles(2),
     "tah.pack_rows[3b]": tah_pack_rows(),
@@ -116,7 +121,16 @@ SPECS = {
                                                      PREV=False, BP=8),
     "fixpoint.unpack_dequantize[bucket,5b,bf16,delta]": unpack(),
     "fixpoint.unpack_dequantize[tile,1b,fp16]": unpack(GRAN=3, BITS=1, SIGNED=False, OUT=1,
-                                                       PREV=False, BP=1),
+                                                       PREV=False, NEW=False, BP=1),
+    "loss.forward[bf16]": (ce._forward_kernel, dict(x_ptr="*bf16", labels_ptr="*i64",
+                                                    loss_ptr="*fp32", max_ptr="*fp32",
+                                                    logsum_ptr="*fp32", stride=I, V=I, REAL=I),
+                           dict(BLOCK=ce.BLOCK)),
+    "loss.backward[bf16]": (ce._backward_kernel, dict(x_ptr="*bf16", labels_ptr="*i64",
+                                                      max_ptr="*fp32", logsum_ptr="*fp32",
+                                                      g_ptr="*fp32", dx_ptr="*bf16", stride=I,
+                                                      dstride=I, V=I, REAL=I),
+                            dict(BLOCK=ce.BLOCK)),
     "fixpoint.pack[7b]": (fixpoint._pack_kernel, dict(c_ptr="*u8", out_ptr="*u8", N=I, NBYTES=I),
                           dict(BITS=7, BP=8, BLOCK=256)),
     "fixpoint.unpack[1b]": (fixpoint._unpack_kernel, dict(p_ptr="*u8", out_ptr="*u8", N=I,
