@@ -82,7 +82,7 @@ def test_strided_rows_and_extreme_logits():
 def test_lm_loss_takes_the_fused_route_for_cuda_at_tp_1_only(monkeypatch):
     from megatron.core import tensor_parallel
     calls = []
-    monkeypatch.setattr(training, "fused_enabled", lambda t: True)
+    monkeypatch.setattr(training.dispatch, "enabled", lambda *t: True)
     monkeypatch.setattr(tensor_parallel, "vocab_parallel_cross_entropy",
                         lambda l, y: calls.append("megatron-core") or l.sum(-1))
     monkeypatch.setattr(training, "cross_entropy",

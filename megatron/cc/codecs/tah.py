@@ -56,11 +56,13 @@ def _allocate(a: torch.Tensor, high_ratio: float) -> tuple[torch.Tensor, torch.T
     # H = -sum (a/s) log(a/s) = log s - sum(a log a) / s; 0 log 0 = 0; an all-zero token has H = 0
     a_log_a = torch.linalg.vecdot(a, a.clamp_min(torch.finfo(torch.float32).tiny).log_())
     entropy = torch.where(s > 0, s.log() - a_log_a / s, torch.zeros_like(s))
-    return rank_tokens(entropy, int(math.floor(high_ratio * a.shape[0] + 0.5)))
+    return rank_tokens(entropy, high_ratio)
 
 
-def rank_tokens(entropy: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(high mask, token order) of the k tokens of highest entropy (ties: lower index)."""
+def rank_tokens(entropy: torch.Tensor, high_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high mask, token order) of the round(high_ratio * T) tokens of highest entropy (ties:
+    lower index)."""
+    k = int(math.floor(high_ratio * entropy.shape[0] + 0.5))
     order = torch.sort(entropy, descending=True, stable=True).indices
     # index_fill_ takes the value as a kernel argument; `high[idx] = True` copies a host
     # scalar to the GPU first (a host sync on CUDA)
@@ -168,7 +170,7 @@ class TahCodec(Codec):
 
     def rank(self, entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(high, token order) from the tokens' entropies (allocate's second half)."""
-        return rank_tokens(entropy, int(math.floor(self.high_ratio * entropy.shape[0] + 0.5)))
+        return rank_tokens(entropy, self.high_ratio)
 
     def encode(self, x, ctx=None):
         from megatron.cc.kernels import dispatch

@@ -556,7 +556,7 @@ def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, N, NBYTES, 
                            D1, D2, PS0, PS1, PS2, NS0, NS1, NS2, C0, LPS, C0T, LPST,
                            GRAN: tl.constexpr, BITS: tl.constexpr, BF16: tl.constexpr,
                            SIGNED: tl.constexpr, OUT: tl.constexpr, PREV: tl.constexpr,
-                           NEW: tl.constexpr, BLOCK: tl.constexpr, BP: tl.constexpr):
+                           BLOCK: tl.constexpr, BP: tl.constexpr):
     grp = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     k = tl.arange(0, BP)
     addr = grp[:, None] * BITS + k[None, :]
@@ -569,9 +569,8 @@ def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, N, NBYTES, 
     s = scale_value(tl.load(s_ptr + _scale_index(i, C, G, NT, GRAN), mask=m, other=0), BF16)
     c0, step = _grid(s, C0, LPS, C0T, LPST, SIGNED)
     val = (code.to(tl.float32) - c0) * step
-    if PREV:
+    if PREV:   # delta codecs: the fp32 sum to `new` (the receiver's cache), the message below
         val = tl.load(prev_ptr + _offset3(i, D1, D2, PS0, PS1, PS2), mask=m, other=0.0) + val
-    if NEW:    # the fp32 sum also to `new` (the receiver's cache), the message in its dtype
         tl.store(new_ptr + _offset3(i, D1, D2, NS0, NS1, NS2), val, mask=m)
     if OUT == 0:
         tl.store(out_ptr + i, val, mask=m)
@@ -627,15 +626,14 @@ def unpack_dequantize(packed, scales, bits, shape, granularity="channel", group_
                       new=None) -> torch.Tensor:
     """dequantize(unpack_bits(packed), scales, ...).to(dtype), a tensor of `shape`.
 
-    prev (delta codecs, (S, B, H), any strides): returns prev + dequantize(...) in fp32 (dtype
-    ignored); with `new` too (fp32, any strides, prev itself allowed) that fp32 sum goes to
-    new and the return is it in `dtype`, from the same pass."""
+    prev and new (delta codecs, (S, B, H) fp32, any strides, new may be prev itself): the same
+    pass writes new = prev + dequantize(...) and returns that sum in `dtype`."""
     shape = tuple(shape)
     n = math.prod(shape)
     if packed.numel() != quant.packed_nbytes(n, bits):
         raise ValueError(f"{packed.numel()} packed bytes, expected ceil({n}*{bits}/8)")
-    if prev is not None and new is None:
-        dtype = torch.float32
+    if (prev is None) != (new is None):
+        raise ValueError("unpack_dequantize: prev and new go together")
     out = torch.empty(shape, dtype=dtype, device=packed.device)
     if n == 0:
         return out
@@ -644,17 +642,15 @@ def unpack_dequantize(packed, scales, bits, shape, granularity="channel", group_
     ps = ns = (0, 0, 0)
     if prev is not None:
         d1, d2 = _dims3(shape)
-        ps = prev.stride()
-        ns = new.stride() if new is not None else ps
+        ps, ns = prev.stride(), new.stride()
     kind = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
     _unpack_dequant_kernel[(cdiv(cdiv(n, 8), CODE_BLOCK),)](
         packed.contiguous(), scales.view(torch.int16), out if kind < 2 else out.view(torch.int16),
         prev if prev is not None else out, new if new is not None else out, n, packed.numel(),
         *_geometry(shape, granularity, group_size), d1, d2, *ps, *ns, *grids[0], *grids[1],
         GRAN=GRAN[granularity], BITS=bits, BF16=scales.dtype == torch.bfloat16,
-        SIGNED=_signed(bits, scheme), OUT=kind, PREV=prev is not None,
-        NEW=prev is not None and new is not None, BLOCK=CODE_BLOCK, BP=next_pow2(bits),
-        **LAUNCH)
+        SIGNED=_signed(bits, scheme), OUT=kind, PREV=prev is not None, BLOCK=CODE_BLOCK,
+        BP=next_pow2(bits), **LAUNCH)
     return out
 
 

@@ -11,12 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from megatron.cc.kernels import dispatch
-
-
-def fused_enabled(logits: torch.Tensor) -> bool:
-    """The kernels serve this tensor: CUDA, triton there, MEGATRON_CC_FUSED != 0."""
-    return dispatch.enabled(logits)
 
 
 class _CrossEntropy(torch.autograd.Function):

@@ -20,7 +20,8 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
 from megatron.cc.data_parallel.replica_adam import use_replica_adam
-from megatron.training.loop.cross_entropy import cross_entropy, fused_enabled
+from megatron.cc.kernels import dispatch
+from megatron.training.loop.cross_entropy import cross_entropy
 from megatron.training.loop.fused_adam import use_fused_adam
 from megatron.training.loop.muon import build_muon_optimizer
 from megatron.training.compression.channels import build_grad_sync, build_pipeline_channels
@@ -90,7 +91,7 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, tp_rank
     from megatron.core import tensor_parallel
     width = logits.size(-1)
     real = vocab_size - tp_rank * width
-    if tp_size == 1 and fused_enabled(logits):
+    if tp_size == 1 and dispatch.enabled(logits):
         return cross_entropy(logits, labels, min(real, width))
     logits = logits.float()
     if real < width:   # this slice holds padding rows: decided on the host, from sizes
@@ -210,9 +211,9 @@ class Trainer:
 
     def _build_model(self):
         model = build_gpt_model(self.args, self.config, self.padded_vocab_size, self.topo)
-        if self.args.gpu.torch_compile:
-            compile_layers(model)
         g = self.args.gpu
+        if g.torch_compile:
+            compile_layers(model)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False,
             use_distributed_optimizer=g.use_distributed_optimizer,

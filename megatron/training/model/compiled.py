@@ -2,15 +2,13 @@
 
 Without Transformer Engine or apex, megatron-core's layer runs its layer norms, dropouts and
 residual adds as kernels of their own (bias-GeLU and bias-dropout-add are fused on GPUs);
-inductor fuses the chains between the matrix products. The
-layers stay megatron-core's modules (names, parameters, checkpoints, hooks unchanged): each is
-compiled in place with nn.Module.compile. The layers share their code, so one compilation
-serves them all; the recompile limit is raised to the number of layers so that a layer whose
-guards differ (its own layer number, say) is compiled too rather than left eager.
+inductor fuses the chains between the matrix products. The layers stay megatron-core's modules
+(names, parameters, checkpoints, hooks unchanged): each is compiled in place with
+nn.Module.compile. The layers share their code, so one compilation serves them all; the
+recompile limit is raised to the number of layers so that a layer whose guards differ (its own
+layer number, say) is compiled too rather than left eager.
 """
 from __future__ import annotations
-
-import warnings
 
 import torch
 
@@ -22,8 +20,6 @@ def compile_layers(model: torch.nn.Module, backend: str = "inductor") -> int:
     config = torch._dynamo.config
     limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, limit, max(getattr(config, limit), 2 * len(layers) + 8))
-    # megatron-core warns inside the layers' forward (deprecations): no graph break for that
-    config.reorderable_logging_functions.add(warnings.warn)
     for layer in layers:
         layer.compile(backend=backend)
     return len(layers)

@@ -62,8 +62,7 @@ def unpack(**k):
     sig = dict(p_ptr="*u8", s_ptr="*i16", out_ptr="*i16", prev_ptr="*fp32", new_ptr="*fp32",
                N=I, NBYTES=I, C=I, G=I, NT=I, D1=I, D2=I, PS0=I, PS1=I, PS2=I, NS0=I, NS1=I,
                NS2=I, C0=F, LPS=F, C0T=F, LPST=F)
-    const = dict(GRAN=2, BITS=5, BF16=False, SIGNED=True, OUT=2, PREV=True, NEW=True,
-                 BLOCK=256, BP=8)
+    const = dict(GRAN=2, BITS=5, BF16=False, SIGNED=True, OUT=2, PREV=True, BLOCK=256, BP=8)
     const.update(k)
     return fixpoint._unpack_dequant_kernel, sig, const
 
@@ -121,7 +120,7 @@ SPECS = {
                                                      PREV=False, BP=8),
     "fixpoint.unpack_dequantize[bucket,5b,bf16,delta]": unpack(),
     "fixpoint.unpack_dequantize[tile,1b,fp16]": unpack(GRAN=3, BITS=1, SIGNED=False, OUT=1,
-                                                       PREV=False, NEW=False, BP=1),
+                                                       PREV=False, BP=1),
     "loss.forward[bf16]": (ce._forward_kernel, dict(x_ptr="*bf16", labels_ptr="*i64",
                                                     loss_ptr="*fp32", max_ptr="*fp32",
                                                     logsum_ptr="*fp32", stride=I, V=I, REAL=I),
