@@ -41,8 +41,11 @@ demo: setup
 	    --save runs/demo/checkpoints --save-interval 150 \
 	    $(DEMO_COMPRESSION) $(ARGS)
 
+# One pytest worker per core (pytest-xdist; JOBS=0 runs in one process, e.g. for ARGS=-s);
+# work stealing evens out the long multi-process tests.
+JOBS ?= auto
 test: setup
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests $(ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -n $(JOBS) --dist worksteal $(ARGS)
 
 # megatron-core 0.17+ needs Python >= 3.12: the same suite in a second environment (PyPI's
 # torch for 3.12 is a CUDA build of a few GB; it runs on the CPU)
