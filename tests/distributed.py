@@ -22,10 +22,41 @@ import traceback
 import torch.multiprocessing as mp
 
 
+def _port_window() -> range:
+    """This process's ports: below the kernel's ephemeral range (which the OS hands to outgoing
+    connections and to bind(0), so a port found free there can be taken before the rank binds
+    it), split between pytest-xdist workers so that two workers never pick the same one."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_lo = 32768
+    lo = 10000 if ephemeral_lo > 12000 else 1024
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) % workers
+    span = (ephemeral_lo - lo) // workers
+    return range(lo + index * span, lo + (index + 1) * span)
+
+
+_next_port = None
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nobody listens on, not handed out before by this process (ranks bind it later)."""
+    global _next_port
+    window = _port_window()
+    if _next_port is None:   # a different start per process: tests in a row reuse no port
+        _next_port = window.start + (os.getpid() * 7919) % len(window)
+    for _ in range(len(window)):
+        port = _next_port
+        _next_port = window.start + (_next_port + 1 - window.start) % len(window)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {window.start}-{window.stop - 1}")
 
 
 PRELOAD = ["torch", "torch.distributed", "megatron.core.parallel_state",

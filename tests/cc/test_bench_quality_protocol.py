@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from tests.distributed import free_port
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 import quality_corpora as qc  # noqa: E402
 import quality_protocol as qp  # noqa: E402
@@ -348,7 +350,8 @@ def test_tiny_end_to_end_run(tmp_path):
     out = str(tmp_path / "out")
     jobs = qp.build_grid(["pp-baseline"], ["markov"], [1234], ["tiny"], 3)
     logs = []
-    status = qp.run_grid(jobs, {"markov": assets}, out, 1, 2, base_port=29871, log=logs.append)
+    status = qp.run_grid(jobs, {"markov": assets}, out, 1, 2, base_port=free_port(),
+                         log=logs.append)
     rid = jobs[0].run_id
     assert status == {rid: "done"}, open(os.path.join(out, rid, qp.LOG)).read()[-3000:]
     res = json.load(open(os.path.join(out, rid, qp.RESULT)))
