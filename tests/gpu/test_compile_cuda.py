@@ -12,9 +12,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 def _train(rank, world, argv):
-    """(losses, graphs dynamo captured in this rank)."""
-    return runner._run(argv, world,
-                       after_train=lambda t: torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    return runner.train_counting_graphs(argv, world)
 
 
 def test_torch_compile_trains_like_eager(tiny_corpus):

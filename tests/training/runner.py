@@ -51,6 +51,13 @@ def train_with_stats(argv, world_size, channel):
     return _run(argv, world_size, after_train=totals)
 
 
+def train_counting_graphs(argv, world_size):
+    """Train; return (last rank's losses, the graphs dynamo captured in this rank)."""
+    import torch
+    return _run(argv, world_size,
+                after_train=lambda t: torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
 def rewind(ckpt: str, iteration: int) -> None:
     """Point Megatron's tracker file back at an earlier save (collective): a run saving at k and
     2k then resumes from k, one run fewer than a separate k-iteration run."""

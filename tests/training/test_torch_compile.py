@@ -54,10 +54,8 @@ def test_compiled_layers_match_eager_ones():
 
 
 def _train(rank, world, argv):
-    """(losses, graphs dynamo captured in this rank)."""
-    from tests.training.runner import _run
-    return _run(argv, world,
-                after_train=lambda t: torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    from tests.training.runner import train_counting_graphs
+    return train_counting_graphs(argv, world)
 
 
 def test_trainer_with_torch_compile_trains_like_eager(tiny_corpus):

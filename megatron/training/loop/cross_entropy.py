@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 
-
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, labels, real):
