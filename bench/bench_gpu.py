@@ -44,6 +44,10 @@ Codec columns, per row:
     ratio                input bytes / payload bytes.
     break-even Gbit/s    (input - payload bytes) / (encode + decode): on any slower link the
                          codec shortens the message's time, on a faster one it lengthens it.
+    host ms to issue     the host's time per call to issue its launches (perf_counter over
+                         the timed calls, before the GPU is waited on); "launch-bound" where
+                         it is LAUNCH_BOUND or more of the call's GPU time: there the GPU
+                         waits on the host, and fewer launches (not faster kernels) help.
 
 Ends with one `PERF <what>: <ratio>x (target ...) target met|missed` line per target
 (tools/gpu_check.py relays them). A missed target is a measurement, not an error: the exit
@@ -82,6 +86,8 @@ ROTATE_MIN = 4              # ... and at least this many tensors ...
 ROTATE_MAX_BYTES = 4 << 30  # ... unless that is more than this (a 400 MB message: 4 of them)
 ROTATE_MAX_COUNT = 4096
 HOLD_MAX = 16               # outputs kept alive at once (steady state before timing)
+# a call whose host issues it in this share of its GPU time or more is waiting on launches
+LAUNCH_BOUND = 0.9
 DP_BUCKET_NUMEL = 40_000_000
 SUBSPACE_RANK, SUBSPACE_BITS = 10, 4   # --forward-compress-method subspace's defaults
 # (encode, decode) targets as multiples of one device copy of the same message
@@ -322,26 +328,31 @@ def sync(device) -> None:
 
 
 def time_calls(call: Callable[[int], object], warmup: int, iters: int, device,
-               hold: int = 0) -> float:
+               hold: int = 0, host: Optional[list] = None) -> float:
     """Mean ms of call(warmup) .. call(warmup + iters - 1), after the untimed warm-up calls.
     The last `hold` results stay alive (a write is not absorbed by a cache before its line
-    goes to memory). CUDA: events around the timed calls; CPU: time.perf_counter."""
+    goes to memory). CUDA: events around the timed calls; CPU: time.perf_counter. `host` (a
+    list) gets the mean ms the host took to issue a call: on CUDA, where that reaches the
+    event time, the call waits on its launches, not on the GPU."""
     kept = collections.deque(maxlen=max(hold, 1))
     for i in range(warmup):
         kept.append(call(i))
     sync(device)
+    start = end = None
     if device.type == "cuda":
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
         start.record()
-        for i in range(warmup, warmup + iters):
-            kept.append(call(i))
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / iters
     t0 = time.perf_counter()
     for i in range(warmup, warmup + iters):
         kept.append(call(i))
-    return (time.perf_counter() - t0) * 1e3 / iters
+    issued_ms = (time.perf_counter() - t0) * 1e3 / iters
+    if host is not None:
+        host.append(issued_ms)
+    if end is None:
+        return issued_ms
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
 
 
 def warmup_calls(group: Group, case: Optional[Case] = None) -> int:
@@ -366,16 +377,17 @@ def sender_payloads(codec, xs, group: Group, case: Case, calls: int) -> List[lis
             for i in range(calls)]
 
 
-def time_encode(codec, xs, group: Group, case: Case, warmup: int, iters: int, device) -> float:
+def time_encode(codec, xs, group: Group, case: Case, warmup: int, iters: int, device,
+                host: Optional[list] = None) -> float:
     n, batch = len(xs), group.shape[1] if len(group.shape) > 1 else 1
     return time_calls(lambda i: codec.encode(xs[i % n], context(i, n, batch, case.per_sample)),
-                      warmup, iters, device, hold=min(n, HOLD_MAX))
+                      warmup, iters, device, hold=min(n, HOLD_MAX), host=host)
 
 
 def time_decode(codec, payloads, group: Group, case: Case, warmup: int, iters: int, device,
-                outputs: Optional[list] = None) -> float:
+                outputs: Optional[list] = None, host: Optional[list] = None) -> float:
     """The receiver decodes the sender's payloads in their order; `outputs` (a list) collects
-    every decoded tensor (tests)."""
+    every decoded tensor (tests); `host` as in time_calls."""
     n, batch = group.sets, group.shape[1] if len(group.shape) > 1 else 1
 
     def call(i):
@@ -384,7 +396,7 @@ def time_decode(codec, payloads, group: Group, case: Case, warmup: int, iters: i
         if outputs is not None:
             outputs.append(y)
         return y
-    return time_calls(call, warmup, iters, device, hold=min(n, HOLD_MAX))
+    return time_calls(call, warmup, iters, device, hold=min(n, HOLD_MAX), host=host)
 
 
 def same_state(a, b) -> Optional[bool]:
@@ -438,10 +450,11 @@ def measure_case(case: Case, group: Group, xs, copy_ms: float, iters: int, devic
     sequence) decoded by a separate receiver, timed."""
     from megatron.cc.codecs import payload_bytes
     warmup = warmup_calls(group, case)
-    enc_ms = time_encode(case.make(), xs, group, case, warmup, iters, device)
+    host = []
+    enc_ms = time_encode(case.make(), xs, group, case, warmup, iters, device, host)
     sender, receiver = case.make(), case.make()
     payloads = sender_payloads(sender, xs, group, case, warmup + iters)
-    dec_ms = time_decode(receiver, payloads, group, case, warmup, iters, device, outputs)
+    dec_ms = time_decode(receiver, payloads, group, case, warmup, iters, device, outputs, host)
     sync(device)
     x = xs[0]
     input_bytes = x.numel() * x.element_size()
@@ -455,6 +468,9 @@ def measure_case(case: Case, group: Group, xs, copy_ms: float, iters: int, devic
            "output_bytes": input_bytes, "state_bytes_encode": st_enc,
            "state_bytes_decode": st_dec, "rotating_inputs": len(xs), "warmup": warmup,
            "iters": iters, "copy_ms": copy_ms, "encode_ms": enc_ms, "decode_ms": dec_ms,
+           "encode_host_ms": host[0], "decode_host_ms": host[1],
+           "launch_bound": [device.type == "cuda" and h >= LAUNCH_BOUND * t
+                            for h, t in zip(host, (enc_ms, dec_ms))],
            "target_encode_x": t_enc, "target_decode_x": t_dec,
            "state_ok": same_state(sender, receiver)}
     row.update(row_numbers(input_bytes, pay, input_bytes, st_enc, st_dec, copy_ms, enc_ms,
@@ -467,7 +483,12 @@ def measure_case(case: Case, group: Group, xs, copy_ms: float, iters: int, devic
 
 HEADER = ("| message | dtype | codec | encode ms | decode ms | copy ms | encode x copy (target)"
           " | decode x copy (target) | encode lower bound ms (x) | decode lower bound ms (x) "
-          "| ratio | break-even Gbit/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| ratio | break-even Gbit/s | host ms to issue encode / decode |"
+          "\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def _host(ms: float, bound: bool) -> str:
+    return f"{ms:.3f}" + (" (launch-bound)" if bound else "")
 
 
 def format_row(r: Dict) -> str:
@@ -477,7 +498,9 @@ def format_row(r: Dict) -> str:
             f"(<= {r['target_encode_x']:g}) | {r['decode_x']:.2f}x "
             f"(<= {r['target_decode_x']:g}) | {r['encode_lb_ms']:.3f} "
             f"({r['encode_vs_lb']:.1f}x) | {r['decode_lb_ms']:.3f} ({r['decode_vs_lb']:.1f}x) | "
-            f"{r['bytes_ratio']:.1f}x | {r['break_even_gbps']:,.1f} |")
+            f"{r['bytes_ratio']:.1f}x | {r['break_even_gbps']:,.1f} | "
+            f"{_host(r['encode_host_ms'], r['launch_bound'][0])} / "
+            f"{_host(r['decode_host_ms'], r['launch_bound'][1])} |")
 
 
 def row_key(r: Dict) -> str:

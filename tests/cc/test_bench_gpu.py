@@ -58,7 +58,9 @@ def test_every_required_row_for_both_dtypes(smoke):
         assert bench_gpu.format_row(r) in text
         assert r["rotating_inputs"] >= bench_gpu.ROTATE_MIN and r["warmup"] >= bench_gpu.WARMUP
         assert all(math.isfinite(r[k]) and r[k] > 0 for k in
-                   ("encode_ms", "decode_ms", "copy_ms", "encode_lb_ms", "decode_lb_ms"))
+                   ("encode_ms", "decode_ms", "copy_ms", "encode_lb_ms", "decode_lb_ms",
+                    "encode_host_ms", "decode_host_ms"))
+        assert r["launch_bound"] == [False, False]   # only said of CUDA calls
     for r in rows:   # the delta receivers' caches equal their senders'
         assert r["state_ok"] is (True if r["family"] == "delta" else None)
 
@@ -161,10 +163,11 @@ def test_receiver_fed_the_senders_payloads_decodes_as_a_lock_step_pair(label):
 
 
 def test_time_calls_runs_every_call_once_in_order_and_holds_outputs():
-    seen = []
+    seen, host = [], []
     ms = bench_gpu.time_calls(lambda i: seen.append(i) or torch.zeros(1), 4, 3,
-                              torch.device("cpu"), hold=2)
+                              torch.device("cpu"), hold=2, host=host)
     assert seen == list(range(7)) and ms >= 0
+    assert host == [ms]   # on the CPU issuing a call is running it
 
 
 def test_rotation_exceeds_the_l2_cache_within_memory():
