@@ -8,7 +8,9 @@ stay eager: one group would be one program.
 """
 from __future__ import annotations
 
+import functools
 import math
+from typing import NamedTuple, Tuple
 
 import torch
 import triton
@@ -350,44 +352,79 @@ def _col_reduce_kernel(part_ptr, sb_ptr, sv_ptr, st_ptr, c0_ptr, out_ptr, ratio_
                 _set_slots(st_ptr, c0_ptr, 3, 3, ct, LPST, C0T, cols, cm, C, BF16)
 
 
-def _channel_scales(x, out, mode, bits, scheme, scale_dtype, raw=False) -> None:
-    """Channel scales of x (contiguous, viewed (N, C)) into out (int16 view), rows split over
-    programs (module comment above); raw (1-bit modes): the fp32 column sums instead."""
-    C = max(x.shape[-1], 1) if x.dim() else 1
-    N = x.numel() // C
-    L = group_sums.COL_LANES
-    chunks = max(1, group_sums.COL_BLOCK_ROWS // L)
+class _ColumnPlan(NamedTuple):
+    """Everything of a _channel_scales call but its tensors: the workspace's layout and each
+    stage's launch arguments (built once per shape and mode: a message's many calls then
+    spend their host time on the launches alone)."""
+    ws_numel: int                  # fp32 workspace: part, then (fitted) sv, st step, st c0, sb
+    slices: Tuple[int, ...]        # offsets of sv, st step, st c0, sb (fitted), then the end
+    grid_pass: Tuple[int, int]
+    grid_reduce: Tuple[int]
+    pass_args: tuple               # N, C, nb, qmax
+    reduce_args: tuple             # N, C, nb, c0, lps, c0t, lpst
+    stages: Tuple[Tuple[dict, dict], ...]   # (pass kwargs, reduce kwargs) per stage
+
+
+def _aligned(n: int) -> int:
+    """n rounded up to whole 128-byte lines of fp32 (the kernels' pointers stay 16-aligned)."""
+    return cdiv(n, 32) * 32
+
+
+@functools.lru_cache(maxsize=256)
+def _column_plan(N, C, mode, bits, scheme, bf16, raw, block_rows, lanes, n_rise, n_tread,
+                 refits) -> _ColumnPlan:
+    L = lanes
+    chunks = max(1, block_rows // L)
     nb = max(1, cdiv(N, chunks * L))
     if nb == 1:   # a short message: only the chunks that hold rows (the rest would add 0.0)
         chunks = max(1, cdiv(N, L))
     nbp = next_pow2(nb)
-    ratios, n_rise, n_tread = _ratios(x.device)
     (c0, lps), (c0t, lpst) = _grids(bits, scheme)
-    bf16 = scale_dtype == torch.bfloat16
-    refits = quant._FIT_REFITS
     ncand = n_rise + n_tread
-    slots = max(ncand, 6)
-    part = torch.empty((slots, nb, C), dtype=torch.float32, device=x.device)
-    sb = torch.empty((4, C), dtype=torch.int32, device=x.device)
-    sv = torch.empty((7, C), dtype=torch.float32, device=x.device)
-    st = torch.empty((2, slots, C), dtype=torch.float32, device=x.device)   # step, c0
+    fitted = mode == FIT
+    slots = max(ncand, 6) if fitted else 1
     passes = {ABSMAX: [(ST_MAX, 1)], MEAN_ABS: [(ST_SUM_ABS, 1)], RMS: [(ST_SUM_SQ, 1)],
               FIT: [(ST_MAX, 1), (ST_LADDER, ncand)]
               + ([(ST_FIT, 4)] + [(ST_REFIT, 6)] * refits if refits else [])}[mode]
-    grid_pass = (cdiv(C, COL_CB), nb)
-    grid_reduce = (cdiv(C, COL_REDUCE_CB),)
     rows = chunks * L
+    stages = []
     for i, (stage, nk) in enumerate(passes):
         # max |x| is exact in any order: longer chunks, fewer loop trips
-        lanes = MAX_ROWS if stage == ST_MAX and rows % MAX_ROWS == 0 else L
-        _col_pass_kernel[grid_pass](
-            x, part, st[0], st[1], N, C, nb, float((1 << bits) - 1), STAGE=stage, NK=nk,
-            CB=COL_CB, L=lanes, LOGL=lanes.bit_length() - 1, CHUNKS=rows // lanes,
-            NCP=next_pow2(nk), num_warps=COL_WARPS, **LAUNCH)
-        _col_reduce_kernel[grid_reduce](
-            part, sb, sv, st[0], st[1], out, ratios, N, C, nb, c0, lps, c0t, lpst, STAGE=stage,
-            LAST=i == len(passes) - 1, NRISE=n_rise, NCAND=ncand, BF16=bf16, CB=COL_REDUCE_CB,
-            NBP=nbp, LOGNB=nbp.bit_length() - 1, RAW=raw, **LAUNCH)
+        ln = MAX_ROWS if stage == ST_MAX and rows % MAX_ROWS == 0 else L
+        stages.append((
+            dict(STAGE=stage, NK=nk, CB=COL_CB, L=ln, LOGL=ln.bit_length() - 1,
+                 CHUNKS=rows // ln, NCP=next_pow2(nk), num_warps=COL_WARPS, **LAUNCH),
+            dict(STAGE=stage, LAST=i == len(passes) - 1, NRISE=n_rise, NCAND=ncand, BF16=bf16,
+                 CB=COL_REDUCE_CB, NBP=nbp, LOGNB=nbp.bit_length() - 1, RAW=raw, **LAUNCH)))
+    offsets = [_aligned(slots * nb * C)]
+    if fitted:   # sv (7 rows), st's step and c0 (slots rows each), sb (4 int32 rows)
+        for n in (7 * C, slots * C, slots * C, 4 * C):
+            offsets.append(offsets[-1] + _aligned(n))
+    return _ColumnPlan(offsets[-1], tuple(offsets), (cdiv(C, COL_CB), nb),
+                       (cdiv(C, COL_REDUCE_CB),), (N, C, nb, float((1 << bits) - 1)),
+                       (N, C, nb, c0, lps, c0t, lpst), tuple(stages))
+
+
+def _channel_scales(x, out, mode, bits, scheme, scale_dtype, raw=False) -> None:
+    """Channel scales of x (contiguous, viewed (N, C)) into out (int16 view), rows split over
+    programs (module comment above); raw (1-bit modes): the fp32 column sums instead."""
+    C = max(x.shape[-1], 1) if x.dim() else 1
+    ratios, n_rise, n_tread = _ratios(x.device)
+    p = _column_plan(x.numel() // C, C, mode, bits, scheme, scale_dtype == torch.bfloat16, raw,
+                     group_sums.COL_BLOCK_ROWS, group_sums.COL_LANES, n_rise, n_tread,
+                     quant._FIT_REFITS)
+    ws = torch.empty(p.ws_numel, dtype=torch.float32, device=x.device)   # one allocation
+    o = p.slices
+    if len(o) > 1:   # the fitted search's state
+        part, sv, step, c0 = ws[:o[0]], ws[o[0]:o[1]], ws[o[1]:o[2]], ws[o[2]:o[3]]
+        sb = ws[o[3]:o[4]].view(torch.int32)
+    else:            # one pass: no state (the unused pointers take the workspace)
+        part = sv = step = c0 = ws
+        sb = ws.view(torch.int32)
+    for pass_kw, reduce_kw in p.stages:
+        _col_pass_kernel[p.grid_pass](x, part, step, c0, *p.pass_args, **pass_kw)
+        _col_reduce_kernel[p.grid_reduce](part, sb, sv, step, c0, out, ratios, *p.reduce_args,
+                                          **reduce_kw)
 
 
 def column_sums(x: torch.Tensor, squares: bool = False) -> torch.Tensor:
@@ -406,7 +443,7 @@ def _ratios(device) -> tuple[torch.Tensor, int, int]:
     mid-tread grid, each as [1, ladder[1:]], fp32 on `device`; cached per (device, values)."""
     rise = tuple(quant._FIT_RATIOS)
     tread = tuple(quant._TREAD_RATIOS)
-    key = (str(device), rise, tread)
+    key = (device, rise, tread)
     if key not in _RATIO_CACHE:
         _RATIO_CACHE[key] = torch.tensor([1.0, *rise[1:], 1.0, *tread[1:]],
                                          dtype=torch.float32, device=device)
@@ -416,6 +453,7 @@ def _ratios(device) -> tuple[torch.Tensor, int, int]:
 _RATIO_CACHE: dict = {}
 
 
+@functools.lru_cache(maxsize=None)
 def _grids(bits: int, scheme: str) -> tuple[tuple[float, float], tuple[float, float]]:
     """((c0, lps) of a non-negative stored scale, (c0, lps) of a negative one): quant.group_grid
     ("fitted" above 1 bit: the sign bit picks the mid-tread grid of "seed")."""
