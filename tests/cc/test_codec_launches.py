@@ -28,7 +28,7 @@ BUDGET = {
     "fixpoint 8-bit fitted": (13, 7, 1, 1),
     "lowrank r=16 (CB, LEP)": (15, 5, 4, 2),
     "rsvd r=16 (CB, LEP)": (12, 6, 4, 2),
-    "delta 4-bit (device cache)": (20, 12, 7, 5),
+    "delta 4-bit (device cache)": (16, 8, 3, 1),
     "delta-lowbits 4/8 (device cache)": (27, 14, 14, 7),
     "tah t=64 4/3-bit": (13, 4, 8, 1),
     "cocktail 0.1/0.2 4-bit": (20, 1, 14, 2),

@@ -199,6 +199,13 @@ class ActivationCache:
         # slots are host metadata (CPU): reading them never syncs a device
         return torch.tensor([self.slots[i] for i in ids], dtype=torch.long), len(fresh)
 
+    def rows(self) -> torch.Tensor | None:
+        """Every slot as (capacity, S, H) fp32, where the kernels can read and update the cache
+        in place (dense fp32 in device memory); None elsewhere."""
+        if self.storage != "device" or self.bits is not None or self.dtype != torch.float32:
+            return None
+        return self.data.view(torch.float32).view(self.capacity, *self.sample_shape)
+
     def read(self, slots: torch.Tensor) -> torch.Tensor:
         """(B, S, H) float32 values of these slots, on `device`."""
         rows = torch.empty(len(slots), self.slot_bytes, dtype=torch.uint8, device=self.device)
@@ -374,20 +381,37 @@ class DeltaCodec(Codec):
     def payload_spec(self, shape, dtype):
         return self.q.payload_spec(shape, dtype)
 
+    def _in_place(self, cache: ActivationCache, slots: torch.Tensor, t: torch.Tensor):
+        """(rows, slots on t's device) where the kernels update the cache in place: a dense
+        fp32 device cache and distinct samples; else None."""
+        from megatron.cc.codecs import delta_kernels as fused_delta
+        rows = cache.rows()
+        if rows is None or not fused_delta.in_cache(self.q, t, rows):
+            return None
+        if len(set(slots.tolist())) != len(slots):   # host metadata: no device read
+            return None
+        return rows, slots.to(t.device, non_blocking=True)
+
     def encode(self, x, ctx):
         cache, slots = self._cache(x.shape, ctx.sample_ids, x.device)
+        from megatron.cc.codecs import delta_kernels as fused_delta
+        here = self._in_place(cache, slots, x)
+        if here is not None:
+            return fused_delta.encode_in_cache(x, *here, self.q)
         prev = cache.read(slots).transpose(0, 1)          # (S, B, H) view of our own copy
         # quantise the delta, pack, and prev += deQ (the op decode repeats): one Triton pass
         # on CUDA, these eager steps elsewhere (codecs/delta_kernels.py)
-        from megatron.cc.codecs import delta_kernels as fused_delta
         payload, new = fused_delta.encode_update(x, prev, self.q)
         cache.write(slots, new.transpose(0, 1))
         return payload
 
     def decode(self, payload, shape, dtype, ctx):
         cache, slots = self._cache(shape, ctx.sample_ids, payload[0].device)
-        prev = cache.read(slots).transpose(0, 1)
         from megatron.cc.codecs import delta_kernels as fused_delta
+        here = self._in_place(cache, slots, payload[0])
+        if here is not None:
+            return fused_delta.decode_in_cache(payload, *here, self.q, shape, dtype)
+        prev = cache.read(slots).transpose(0, 1)
         x_hat = fused_delta.decode_update(payload, prev, self.q, shape, dtype)
         cache.write(slots, prev.transpose(0, 1))   # prev holds x_hat in fp32 now
         return x_hat

@@ -8,6 +8,11 @@ For a message x (S, B, H) and the cached c of its samples (fp32, any strides):
 Both ends compute c + deQ with the same fp32 operations (no FMA: dispatch.LAUNCH), so their
 caches stay bit-identical. On CPU tensors these run the eager steps; stochastic rounding (q.rng)
 stays eager.
+
+encode_in_cache / decode_in_cache do the same steps on a device-resident fp32 cache in place:
+c is the cache's rows (rows, S, H) and sample b's row is slots[b], so no row is gathered into
+a (S, B, H) copy and written back (kernels/delta.py). The payloads and caches are the ones
+encode_update / decode_update give on the gathered rows.
 """
 from __future__ import annotations
 
@@ -51,3 +56,30 @@ def decode_update(payload, prev: torch.Tensor, q: FixpointCodec, shape, dtype):
     from megatron.cc.kernels import fixpoint
     return fixpoint.unpack_dequantize(payload[0], payload[1], q.bits, shape, q.granularity,
                                       q.group_size, dtype, q.scheme, prev=prev, new=prev)
+
+
+def in_cache(q: FixpointCodec, *tensors) -> bool:
+    """encode_in_cache / decode_in_cache can serve these tensors (kernels, deterministic)."""
+    return _fused(q, *tensors)
+
+
+def encode_in_cache(x: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
+                    q: FixpointCodec) -> list:
+    """encode_update against the cache rows[slots[b]] of sample b, updated in place; slots
+    (B,) int64 on the device, all distinct (a repeated sample would race with itself)."""
+    from megatron.cc.kernels import delta, fixpoint
+    d = delta.sub_cached(x, rows, slots)
+    scales = fixpoint.group_scales(d, q.bits, q.granularity, q.group_size, q.scale_dtype,
+                                   q.scheme)
+    packed = fixpoint.quantize_pack(d, scales, q.bits, q.granularity, q.group_size, q.scheme,
+                                    prev=rows, new=rows, slots=slots)
+    return [packed, scales]
+
+
+def decode_in_cache(payload, rows: torch.Tensor, slots: torch.Tensor, q: FixpointCodec, shape,
+                    dtype) -> torch.Tensor:
+    """decode_update against rows[slots[b]], updated in place (as encode_in_cache)."""
+    from megatron.cc.kernels import fixpoint
+    return fixpoint.unpack_dequantize(payload[0], payload[1], q.bits, tuple(shape),
+                                      q.granularity, q.group_size, dtype, q.scheme, prev=rows,
+                                      new=rows, slots=slots)

@@ -5,7 +5,7 @@
                   Walsh-Hadamard butterflies)
     group_sums    the kernels' summation order, in torch (no triton): the twins they match
     fixpoint      scales, quantise + pack, unpack + dequantise, plain pack / unpack
-    delta         AC-SGD delta step with the cache update
+    delta         AC-SGD delta step against a device-resident cache, read in place
     tah           TAH-Quant tile transform, packing and decode
     lowrank       Gram-Schmidt of the lowrank codec in one launch
 

@@ -559,17 +559,21 @@ def _grid(s, C0, LPS, C0T, LPST, SIGNED: tl.constexpr):
 
 
 @triton.jit
-def _offset3(i, D1, D2, S0, S1, S2):
-    """Address offset of flat element i of a (D0, D1, D2) tensor with strides S0, S1, S2."""
-    return (i // (D1 * D2)) * S0 + ((i // D2) % D1) * S1 + (i % D2) * S2
+def offset3(i, D1, D2, S0, S1, S2, slot_ptr, SLOTS: tl.constexpr):
+    """Address offset of flat element i of a (D0, D1, D2) tensor with strides S0, S1, S2; with
+    SLOTS, index j of dimension 1 stands for slot_ptr[j] (a per-sample cache's rows)."""
+    j = (i // D2) % D1
+    if SLOTS:
+        j = tl.load(slot_ptr + j)
+    return (i // (D1 * D2)) * S0 + j * S1 + (i % D2) * S2
 
 
 @triton.jit
-def _quant_pack_kernel(x_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, N, NBYTES, C, G, NT,
+def _quant_pack_kernel(x_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, slot_ptr, N, NBYTES, C, G, NT,
                        D1, D2, PS0, PS1, PS2, NS0, NS1, NS2, C0, LPS, C0T, LPST, QMAX,
                        GRAN: tl.constexpr, BITS: tl.constexpr, BF16: tl.constexpr,
-                       SIGNED: tl.constexpr, PREV: tl.constexpr, BLOCK: tl.constexpr,
-                       BP: tl.constexpr):
+                       SIGNED: tl.constexpr, PREV: tl.constexpr, SLOTS: tl.constexpr,
+                       BLOCK: tl.constexpr, BP: tl.constexpr):
     grp = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)   # 8-code groups
     j = tl.arange(0, 8)
     i = grp[:, None] * 8 + j[None, :]
@@ -584,17 +588,18 @@ def _quant_pack_kernel(x_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, N, NBYTES, C, G
     addr = grp[:, None] * BITS + k[None, :]
     tl.store(out_ptr + addr, pack_groups(v, BITS, BP), mask=(k[None, :] < BITS) & (addr < NBYTES))
     if PREV:   # delta codecs: new cache = prev + dequantize(code), as decode computes it
-        prev = tl.load(prev_ptr + _offset3(i, D1, D2, PS0, PS1, PS2), mask=m, other=0.0)
-        tl.store(new_ptr + _offset3(i, D1, D2, NS0, NS1, NS2), prev + (v - c0) * raw_step,
-                 mask=m)
+        prev = tl.load(prev_ptr + offset3(i, D1, D2, PS0, PS1, PS2, slot_ptr, SLOTS), mask=m,
+                       other=0.0)
+        tl.store(new_ptr + offset3(i, D1, D2, NS0, NS1, NS2, slot_ptr, SLOTS),
+                 prev + (v - c0) * raw_step, mask=m)
 
 
 @triton.jit
-def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, N, NBYTES, C, G, NT,
-                           D1, D2, PS0, PS1, PS2, NS0, NS1, NS2, C0, LPS, C0T, LPST,
+def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, slot_ptr, N, NBYTES, C, G,
+                           NT, D1, D2, PS0, PS1, PS2, NS0, NS1, NS2, C0, LPS, C0T, LPST,
                            GRAN: tl.constexpr, BITS: tl.constexpr, BF16: tl.constexpr,
                            SIGNED: tl.constexpr, OUT: tl.constexpr, PREV: tl.constexpr,
-                           BLOCK: tl.constexpr, BP: tl.constexpr):
+                           SLOTS: tl.constexpr, BLOCK: tl.constexpr, BP: tl.constexpr):
     grp = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     k = tl.arange(0, BP)
     addr = grp[:, None] * BITS + k[None, :]
@@ -608,8 +613,9 @@ def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, N, NBYTES, 
     c0, step = _grid(s, C0, LPS, C0T, LPST, SIGNED)
     val = (code.to(tl.float32) - c0) * step
     if PREV:   # delta codecs: the fp32 sum to `new` (the receiver's cache), the message below
-        val = tl.load(prev_ptr + _offset3(i, D1, D2, PS0, PS1, PS2), mask=m, other=0.0) + val
-        tl.store(new_ptr + _offset3(i, D1, D2, NS0, NS1, NS2), val, mask=m)
+        val = tl.load(prev_ptr + offset3(i, D1, D2, PS0, PS1, PS2, slot_ptr, SLOTS), mask=m,
+                      other=0.0) + val
+        tl.store(new_ptr + offset3(i, D1, D2, NS0, NS1, NS2, slot_ptr, SLOTS), val, mask=m)
     if OUT == 0:
         tl.store(out_ptr + i, val, mask=m)
     elif OUT == 1:
@@ -631,12 +637,27 @@ def _dims3(shape) -> tuple[int, int]:
     return shape[1], shape[2]
 
 
+def cache_args(shape, prev, new, slots) -> tuple:
+    """(D1, D2, prev strides, new strides, slot tensor or None) of the kernels' prev / new:
+    (S, B, H) tensors of any strides, or with `slots` (B,) int64 on their device, per-sample
+    caches (rows, S, H) whose row slots[b] holds sample b."""
+    d1, d2 = _dims3(shape)
+    if slots is None:
+        return d1, d2, prev.stride(), new.stride(), None
+    if slots.shape != (d1,) or slots.dtype != torch.int64:
+        raise ValueError(f"slots: ({d1},) int64 expected, got {tuple(slots.shape)} {slots.dtype}")
+    ps, ns = prev.stride(), new.stride()
+    # strides in (S, B, H) order: the row dimension takes B's place
+    return d1, d2, (ps[1], ps[0], ps[2]), (ns[1], ns[0], ns[2]), slots
+
+
 def quantize_pack(x, scales, bits, granularity, group_size=128, scheme="fitted",
-                  prev=None, new=None) -> torch.Tensor:
+                  prev=None, new=None, slots=None) -> torch.Tensor:
     """pack_bits(quantize_with_scales(x, scales, ...)): the packed uint8 stream.
 
-    prev / new (delta codecs, x of shape (S, B, H), any strides): also writes
-    new = prev + dequantize(codes) in fp32, as the receiver computes it."""
+    prev / new (delta codecs, x of shape (S, B, H)): also writes new = prev + dequantize(codes)
+    in fp32, as the receiver computes it; (S, B, H) of any strides, or per-sample caches
+    addressed through `slots` (cache_args)."""
     x = x.contiguous()
     n = x.numel()
     out = torch.empty(quant.packed_nbytes(n, bits), dtype=torch.uint8, device=x.device)
@@ -646,26 +667,26 @@ def quantize_pack(x, scales, bits, granularity, group_size=128, scheme="fitted",
     d1 = d2 = 1
     ps = ns = (0, 0, 0)
     if prev is not None:
-        d1, d2 = _dims3(x.shape)
-        ps, ns = prev.stride(), new.stride()
+        d1, d2, ps, ns, slots = cache_args(x.shape, prev, new, slots)
     _quant_pack_kernel[(cdiv(cdiv(n, 8), CODE_BLOCK),)](
         x, scales.view(torch.int16), out, prev if prev is not None else x,
-        new if new is not None else x, n, out.numel(),
+        new if new is not None else x, slots if slots is not None else out, n, out.numel(),
         *_geometry(x.shape, granularity, group_size), d1, d2, *ps, *ns, *grids[0], *grids[1],
         float((1 << bits) - 1), GRAN=GRAN[granularity], BITS=bits,
         BF16=scales.dtype == torch.bfloat16, SIGNED=_signed(bits, scheme),
-        PREV=prev is not None, BLOCK=CODE_BLOCK,
+        PREV=prev is not None, SLOTS=slots is not None, BLOCK=CODE_BLOCK,
         BP=next_pow2(bits), **LAUNCH)
     return out
 
 
 def unpack_dequantize(packed, scales, bits, shape, granularity="channel", group_size=128,
                       dtype=torch.float32, scheme="fitted", prev=None,
-                      new=None) -> torch.Tensor:
+                      new=None, slots=None) -> torch.Tensor:
     """dequantize(unpack_bits(packed), scales, ...).to(dtype), a tensor of `shape`.
 
-    prev and new (delta codecs, (S, B, H) fp32, any strides, new may be prev itself): the same
-    pass writes new = prev + dequantize(...) and returns that sum in `dtype`."""
+    prev and new (delta codecs, fp32, new may be prev itself; (S, B, H) of any strides, or
+    per-sample caches addressed through `slots`, as in quantize_pack): the same pass writes
+    new = prev + dequantize(...) and returns that sum in `dtype`."""
     shape = tuple(shape)
     n = math.prod(shape)
     if packed.numel() != quant.packed_nbytes(n, bits):
@@ -679,16 +700,16 @@ def unpack_dequantize(packed, scales, bits, shape, granularity="channel", group_
     d1 = d2 = 1
     ps = ns = (0, 0, 0)
     if prev is not None:
-        d1, d2 = _dims3(shape)
-        ps, ns = prev.stride(), new.stride()
+        d1, d2, ps, ns, slots = cache_args(shape, prev, new, slots)
     kind = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
     _unpack_dequant_kernel[(cdiv(cdiv(n, 8), CODE_BLOCK),)](
         packed.contiguous(), scales.view(torch.int16), out if kind < 2 else out.view(torch.int16),
-        prev if prev is not None else out, new if new is not None else out, n, packed.numel(),
+        prev if prev is not None else out, new if new is not None else out,
+        slots if slots is not None else packed, n, packed.numel(),
         *_geometry(shape, granularity, group_size), d1, d2, *ps, *ns, *grids[0], *grids[1],
         GRAN=GRAN[granularity], BITS=bits, BF16=scales.dtype == torch.bfloat16,
-        SIGNED=_signed(bits, scheme), OUT=kind, PREV=prev is not None, BLOCK=CODE_BLOCK,
-        BP=next_pow2(bits), **LAUNCH)
+        SIGNED=_signed(bits, scheme), OUT=kind, PREV=prev is not None,
+        SLOTS=slots is not None, BLOCK=CODE_BLOCK, BP=next_pow2(bits), **LAUNCH)
     return out
 
 

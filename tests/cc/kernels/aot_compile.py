@@ -12,7 +12,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from megatron.cc.kernels import fixpoint, group_sums, lowrank, tah
+from megatron.cc.kernels import delta, fixpoint, group_sums, lowrank, tah
 from megatron.training.loop import cross_entropy_kernels as ce
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -51,18 +51,20 @@ def col_reduce(stage, last, **k):
 
 def quant_pack(**k):
     sig = dict(x_ptr="*fp16", s_ptr="*i16", out_ptr="*u8", prev_ptr="*fp32", new_ptr="*fp32",
-               N=I, NBYTES=I, C=I, G=I, NT=I, D1=I, D2=I, PS0=I, PS1=I, PS2=I, NS0=I, NS1=I,
-               NS2=I, C0=F, LPS=F, C0T=F, LPST=F, QMAX=F)
-    const = dict(GRAN=3, BITS=3, BF16=True, SIGNED=True, PREV=True, BLOCK=256, BP=4)
+               slot_ptr="*i64", N=I, NBYTES=I, C=I, G=I, NT=I, D1=I, D2=I, PS0=I, PS1=I,
+               PS2=I, NS0=I, NS1=I, NS2=I, C0=F, LPS=F, C0T=F, LPST=F, QMAX=F)
+    const = dict(GRAN=3, BITS=3, BF16=True, SIGNED=True, PREV=True, SLOTS=False, BLOCK=256,
+                 BP=4)
     const.update(k)
     return fixpoint._quant_pack_kernel, sig, const
 
 
 def unpack(**k):
     sig = dict(p_ptr="*u8", s_ptr="*i16", out_ptr="*i16", prev_ptr="*fp32", new_ptr="*fp32",
-               N=I, NBYTES=I, C=I, G=I, NT=I, D1=I, D2=I, PS0=I, PS1=I, PS2=I, NS0=I, NS1=I,
-               NS2=I, C0=F, LPS=F, C0T=F, LPST=F)
-    const = dict(GRAN=2, BITS=5, BF16=False, SIGNED=True, OUT=2, PREV=True, BLOCK=256, BP=8)
+               slot_ptr="*i64", N=I, NBYTES=I, C=I, G=I, NT=I, D1=I, D2=I, PS0=I, PS1=I,
+               PS2=I, NS0=I, NS1=I, NS2=I, C0=F, LPS=F, C0T=F, LPST=F)
+    const = dict(GRAN=2, BITS=5, BF16=False, SIGNED=True, OUT=2, PREV=True, SLOTS=False,
+                 BLOCK=256, BP=8)
     const.update(k)
     return fixpoint._unpack_dequant_kernel, sig, const
 
@@ -118,7 +120,15 @@ SPECS = {
     "fixpoint.quantize_pack[tile,3b,delta]": quant_pack(),
     "fixpoint.quantize_pack[channel,8b]": quant_pack(GRAN=1, BITS=8, BF16=False, SIGNED=False,
                                                      PREV=False, BP=8),
+    "fixpoint.quantize_pack[channel,4b,delta in cache]": quant_pack(GRAN=1, BITS=4,
+                                                                   SLOTS=True),
     "fixpoint.unpack_dequantize[bucket,5b,bf16,delta]": unpack(),
+    "fixpoint.unpack_dequantize[channel,4b,bf16,delta in cache]": unpack(
+        GRAN=1, BITS=4, SLOTS=True, BP=4),
+    "delta.sub_cached[bf16]": (delta._sub_cached_kernel,
+                               dict(x_ptr="*bf16", c_ptr="*fp32", slot_ptr="*i64",
+                                    d_ptr="*fp32", N=I, D1=I, D2=I, CS0=I, CS1=I, CS2=I),
+                               dict(BLOCK=delta.SUB_BLOCK)),
     "fixpoint.unpack_dequantize[tile,1b,fp16]": unpack(GRAN=3, BITS=1, SIGNED=False, OUT=1,
                                                        PREV=False, BP=1),
     "loss.forward[bf16]": (ce._forward_kernel, dict(x_ptr="*bf16", labels_ptr="*i64",

@@ -30,6 +30,10 @@ def _fresh_modules() -> None:
         if (name.split(".")[0] == "triton" and not name.startswith("triton._C")) or (
                 name.startswith(KERNEL_MODULES) and hasattr(mod, "triton")):
             del sys.modules[name]
+            # and from its package: `from package import name` would find the old one there
+            parent, _, child = name.rpartition(".")
+            if getattr(sys.modules.get(parent), child, None) is mod:
+                delattr(sys.modules[parent], child)
 
 
 def kernels(name: str):

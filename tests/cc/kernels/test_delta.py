@@ -77,3 +77,61 @@ def test_eager_branch_is_delta_codecs_arithmetic():
     receiver = prev.clone()
     assert torch.equal(kd.decode_update(payload, receiver, dec.q, SHAPE, torch.float32), x_hat)
     assert torch.equal(receiver, x_hat)
+
+
+@pytest.mark.parametrize("bits,granularity,group,scheme",
+                         [(4, "channel", 128, "fitted"), (3, "tile", 8, "absmax")])
+def test_in_cache_step_equals_the_gathered_step(bits, granularity, group, scheme, monkeypatch):
+    """encode_in_cache / decode_in_cache on the cache rows, sample b in row slots[b] (out of
+    order): the payload of encode_update on the gathered rows, and those rows' updates in
+    place; the other rows untouched."""
+    q = get_codec("fixpoint", bits=bits, granularity=granularity, group_size=group,
+                  scheme=scheme)
+    s, b, h = SHAPE
+    x = sample(SHAPE, torch.bfloat16, seed=bits)
+    rows = sample((b + 2, s, h), seed=bits + 1) * 0.5
+    slots = torch.tensor([3, 0, 4])
+    monkeypatch.setattr(dispatch, "enabled", lambda *t: True)
+    ref_payload, ref_new = kd.encode_update(x, rows[slots].transpose(0, 1).clone(), q)
+    want = rows.clone()
+    want[slots] = ref_new.transpose(0, 1)
+    sender = rows.clone()
+    payload = kd.encode_in_cache(x, sender, slots, q)
+    assert all(torch.equal(a, c) for a, c in zip(payload, ref_payload))
+    assert torch.equal(sender, want)
+    receiver = rows.clone()
+    x_hat = kd.decode_in_cache(payload, receiver, slots, q, SHAPE, torch.float32)
+    assert torch.equal(receiver, want) and torch.equal(x_hat, ref_new)
+
+
+def _run_delta(codec, steps, monkeypatch, kernels_on):
+    monkeypatch.setattr(dispatch, "enabled", lambda *t: kernels_on)
+    # absmax: scales exact in any order, so the eager and kernel routes agree bit for bit
+    enc, dec = (get_codec(codec, bits=4, capacity=5, storage="device",
+                          sample_shape=SHAPE[::2], scheme="absmax") for _ in range(2))
+    out = []
+    for i, ids in enumerate(steps):
+        from megatron.cc.codecs import CodecContext
+        ctx = CodecContext(microbatch=0, iteration=i, sample_ids=torch.tensor(ids))
+        payload = enc.encode(sample(SHAPE, seed=10 + i), ctx)
+        out.append((payload, dec.decode(payload, SHAPE, torch.float32, ctx)))
+    assert torch.equal(enc.cache.data, dec.cache.data)
+    return out, enc.cache.data.clone()
+
+
+def test_device_cache_codec_is_unchanged_by_the_in_place_path(monkeypatch):
+    """DeltaCodec with a device fp32 cache: with the kernels (in place) and without (rows
+    gathered, eager), the same payloads, messages and caches over fresh samples, revisits,
+    an eviction, and a micro-batch naming one sample twice (gathered path)."""
+    steps = [[1, 2, 3], [2, 3, 4], [3, 1, 5], [6, 6, 2], [2, 6, 1]]
+    calls = []
+    for name in ("encode_in_cache", "decode_in_cache"):
+        orig = getattr(kd, name)
+        monkeypatch.setattr(kd, name, lambda *a, _f=orig, _n=name: calls.append(_n) or _f(*a))
+    on, cache_on = _run_delta("delta", steps, monkeypatch, True)
+    assert len(calls) == 2 * (len(steps) - 1)   # in place but for the repeated sample
+    off, cache_off = _run_delta("delta", steps, monkeypatch, False)
+    assert len(calls) == 2 * (len(steps) - 1)
+    assert torch.equal(cache_on, cache_off)
+    for (pa, xa), (pb, xb) in zip(on, off):
+        assert all(torch.equal(a, c) for a, c in zip(pa, pb)) and torch.equal(xa, xb)
