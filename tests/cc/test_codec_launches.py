@@ -30,8 +30,8 @@ BUDGET = {
     "rsvd r=16 (CB, LEP)": (12, 6, 4, 2),
     "delta 4-bit (device cache)": (16, 8, 3, 1),
     "delta-lowbits 4/8 (device cache)": (27, 14, 14, 7),
-    "tah t=64 4/3-bit": (13, 4, 8, 1),
-    "cocktail 0.1/0.2 4-bit": (20, 1, 14, 2),
+    "tah t=64 4/3-bit": (13, 4, 2, 1),
+    "cocktail 0.1/0.2 4-bit": (20, 1, 3, 1),
     "subspace k=10 4-bit": (13, 7, 1, 1),
     "DiLoCo int8 (pseudo-gradient)": (2, 2, 1, 1),
     "DiLoCo fp16 (pseudo-gradient)": (1, 1, 1, 1),
@@ -53,7 +53,7 @@ CASES = _cases()
 @pytest.fixture(scope="module")
 def kernels_on():
     """Every kernel module interpreted, and the codecs routed to them as on CUDA."""
-    for name in ("fixpoint", "tah", "lowrank"):   # the delta step imports fixpoint per call
+    for name in ("fixpoint", "tah", "lowrank", "sparse"):   # imported per call by the codecs
         kernels(name)
     from megatron.cc.kernels import dispatch
     orig = dispatch.enabled

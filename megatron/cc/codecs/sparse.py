@@ -111,6 +111,10 @@ class CocktailCodec(StepCodec):
                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Dense values; a mask with other than k set bits is not detected here (checking it
         would sync the host): `mask_ok` tells."""
+        if fused.enabled(payload[1]) and dtype in (torch.float32, torch.float16,
+                                                   torch.bfloat16):
+            from megatron.cc.kernels import sparse
+            return sparse.decompress(self, payload, numel, step, dtype)
         n_rand, k = self.sizes(numel)
         device = payload[0].device
         # in `dtype` at once: each value rounds once, as a dense fp32 copy cast would

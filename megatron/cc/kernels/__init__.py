@@ -7,6 +7,7 @@
     fixpoint      scales, quantise + pack, unpack + dequantise, plain pack / unpack
     delta         AC-SGD delta step against a device-resident cache, read in place
     tah           TAH-Quant tile transform, packing and decode
+    sparse        CocktailSGD's decompress: mask ranks and the dense output in one pass
     lowrank       Gram-Schmidt of the lowrank codec in one launch
 
 The eager code in megatron/cc/codecs stays the reference and the CPU path; every kernel is

@@ -379,7 +379,7 @@ def _column_plan(N, C, mode, bits, scheme, bf16, raw, block_rows, lanes, n_rise,
     if nb == 1:   # a short message: only the chunks that hold rows (the rest would add 0.0)
         chunks = max(1, cdiv(N, L))
     nbp = next_pow2(nb)
-    (c0, lps), (c0t, lpst) = _grids(bits, scheme)
+    (c0, lps), (c0t, lpst) = grids_of(bits, scheme)
     ncand = n_rise + n_tread
     fitted = mode == FIT
     slots = max(ncand, 6) if fitted else 1
@@ -454,16 +454,16 @@ _RATIO_CACHE: dict = {}
 
 
 @functools.lru_cache(maxsize=None)
-def _grids(bits: int, scheme: str) -> tuple[tuple[float, float], tuple[float, float]]:
+def grids_of(bits: int, scheme: str) -> tuple[tuple[float, float], tuple[float, float]]:
     """((c0, lps) of a non-negative stored scale, (c0, lps) of a negative one): quant.group_grid
     ("fitted" above 1 bit: the sign bit picks the mid-tread grid of "seed")."""
     own = tuple(float(v) for v in quant.grid(bits, scheme))
-    if _signed(bits, scheme):
+    if signed_grid(bits, scheme):
         return own, tuple(float(v) for v in quant.grid(bits, "seed"))
     return own, own
 
 
-def _signed(bits: int, scheme: str) -> bool:
+def signed_grid(bits: int, scheme: str) -> bool:
     return scheme == "fitted" and bits > 1
 
 
@@ -484,7 +484,7 @@ def _launch_group(x, out, mode, view, bits, scheme, scale_dtype, raw=False):
     L = group_sums.lanes("tensor", view["G"])
     GB = max(1, SEG_BLOCK // L)
     ratios, n_rise, n_tread = _ratios(x.device)
-    (c0, lps), (c0t, lpst) = _grids(bits, scheme)
+    (c0, lps), (c0t, lpst) = grids_of(bits, scheme)
     _group_scale_kernel[(cdiv(view["NG"], GB),)](
         x, out, ratios, n_rise, n_tread, quant._FIT_REFITS, view["NG"], view["G"], view["ROWLEN"],
         view["NT"], view["ESTRIDE"], c0, lps, c0t, lpst, float((1 << bits) - 1),
@@ -548,7 +548,7 @@ def _scale_index(i, C, G, NT, GRAN: tl.constexpr):
 
 
 @triton.jit
-def _grid(s, C0, LPS, C0T, LPST, SIGNED: tl.constexpr):
+def step_grid(s, C0, LPS, C0T, LPST, SIGNED: tl.constexpr):
     """(c0, step = |s| / lps) of stored scales s (quant.group_grid / quant_step): with SIGNED
     ("fitted" above 1 bit) a negative scale selects the second grid (mid-tread)."""
     if SIGNED:
@@ -580,7 +580,7 @@ def _quant_pack_kernel(x_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, slot_ptr, N, NB
     m = i < N
     x = tl.load(x_ptr + i, mask=m, other=0.0).to(tl.float32)
     s = scale_value(tl.load(s_ptr + _scale_index(i, C, G, NT, GRAN), mask=m, other=0), BF16)
-    c0, raw_step = _grid(s, C0, LPS, C0T, LPST, SIGNED)
+    c0, raw_step = step_grid(s, C0, LPS, C0T, LPST, SIGNED)
     step = tl.where(raw_step > 0, raw_step, 1.0)
     v = round_half_even(tl.math.div_rn(x, step) + c0)
     v = tl.where(m, tl.minimum(tl.maximum(v, 0.0), QMAX), 0.0)   # pad codes are 0 bits
@@ -610,7 +610,7 @@ def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, slot_ptr, N
     i = grp[:, None] * 8 + j[None, :]
     m = i < N
     s = scale_value(tl.load(s_ptr + _scale_index(i, C, G, NT, GRAN), mask=m, other=0), BF16)
-    c0, step = _grid(s, C0, LPS, C0T, LPST, SIGNED)
+    c0, step = step_grid(s, C0, LPS, C0T, LPST, SIGNED)
     val = (code.to(tl.float32) - c0) * step
     if PREV:   # delta codecs: the fp32 sum to `new` (the receiver's cache), the message below
         val = tl.load(prev_ptr + offset3(i, D1, D2, PS0, PS1, PS2, slot_ptr, SLOTS), mask=m,
@@ -663,7 +663,7 @@ def quantize_pack(x, scales, bits, granularity, group_size=128, scheme="fitted",
     out = torch.empty(quant.packed_nbytes(n, bits), dtype=torch.uint8, device=x.device)
     if n == 0:
         return out
-    grids = _grids(bits, scheme)
+    grids = grids_of(bits, scheme)
     d1 = d2 = 1
     ps = ns = (0, 0, 0)
     if prev is not None:
@@ -673,7 +673,7 @@ def quantize_pack(x, scales, bits, granularity, group_size=128, scheme="fitted",
         new if new is not None else x, slots if slots is not None else out, n, out.numel(),
         *_geometry(x.shape, granularity, group_size), d1, d2, *ps, *ns, *grids[0], *grids[1],
         float((1 << bits) - 1), GRAN=GRAN[granularity], BITS=bits,
-        BF16=scales.dtype == torch.bfloat16, SIGNED=_signed(bits, scheme),
+        BF16=scales.dtype == torch.bfloat16, SIGNED=signed_grid(bits, scheme),
         PREV=prev is not None, SLOTS=slots is not None, BLOCK=CODE_BLOCK,
         BP=next_pow2(bits), **LAUNCH)
     return out
@@ -696,7 +696,7 @@ def unpack_dequantize(packed, scales, bits, shape, granularity="channel", group_
     out = torch.empty(shape, dtype=dtype, device=packed.device)
     if n == 0:
         return out
-    grids = _grids(bits, scheme)
+    grids = grids_of(bits, scheme)
     d1 = d2 = 1
     ps = ns = (0, 0, 0)
     if prev is not None:
@@ -708,7 +708,7 @@ def unpack_dequantize(packed, scales, bits, shape, granularity="channel", group_
         slots if slots is not None else packed, n, packed.numel(),
         *_geometry(shape, granularity, group_size), d1, d2, *ps, *ns, *grids[0], *grids[1],
         GRAN=GRAN[granularity], BITS=bits, BF16=scales.dtype == torch.bfloat16,
-        SIGNED=_signed(bits, scheme), OUT=kind, PREV=prev is not None,
+        SIGNED=signed_grid(bits, scheme), OUT=kind, PREV=prev is not None,
         SLOTS=slots is not None, BLOCK=CODE_BLOCK, BP=next_pow2(bits), **LAUNCH)
     return out
 

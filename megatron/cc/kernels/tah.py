@@ -4,8 +4,9 @@ encode: _entropy_kernel computes every token's entropy in one pass over the mess
 order, which picks the high-precision tokens, is sorted eagerly); _tiles_kernel reads the
 message itself and does each tile's outlier test, pivot swap + Hadamard, fp16 zero and scale,
 codes and flag / pivot bits, and _pack_rows_kernel packs the high and the low tokens' codes.
-decode: _decode_kernel reads each tile's flag, pivot and codes, dequantises and inverts the
-transform. Payload bytes and decodes are bit-identical to TahCodec's.
+decode: _ranks_kernel turns the token map into each token's row among its kind (one program);
+_decode_kernel reads each tile's flag, pivot and codes, dequantises and inverts the transform.
+Payload bytes and decodes are bit-identical to TahCodec's.
 """
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ import triton
 import triton.language as tl
 
 from .dispatch import LAUNCH, cdiv, next_pow2
-from .fixpoint import pack as pack_bits, unpack as unpack_bits
+from .fixpoint import pack as pack_bits
 from .primitives import (bf16_bits, fwht, half_value, pack_groups, round_down_half_bits,
                          round_half_even, store_scale_bits)
 
 TILE_BLOCK = 2048     # values per program (a multiple of 8 tiles: flag / pivot bytes are whole)
 CODE_BLOCK = 256      # 8-code groups per program in the row packer
+RANK_CHUNK = 1024     # tokens per step of the token-map scan
 
 
 @triton.jit
@@ -115,6 +117,21 @@ def _read_bits(p_ptr, o, width, NBYTES):
     b0 = tl.load(p_ptr + (o >> 3)).to(tl.int32)
     b1 = tl.load(p_ptr + (o >> 3) + 1, mask=(o >> 3) + 1 < NBYTES, other=0).to(tl.int32)
     return ((b0 | (b1 << 8)) >> (o & 7).to(tl.int32)) & ((1 << width) - 1)
+
+
+@triton.jit
+def _ranks_kernel(p_ptr, high_ptr, rank_ptr, NTOK, CH: tl.constexpr):
+    """From the token map's bits at p_ptr: high (uint8) and each token's row among its kind
+    (high: the high tokens before it; low: the low ones), in one program."""
+    carry = tl.zeros((), tl.int32)
+    for c in range(tl.cdiv(NTOK, CH)):
+        t = c * CH + tl.arange(0, CH)
+        m = t < NTOK
+        bit = (tl.load(p_ptr + t // 8, mask=m, other=0).to(tl.int32) >> (t % 8)) & 1
+        ones = carry + tl.cumsum(bit, axis=0)      # high tokens up to and including t
+        tl.store(high_ptr + t, bit.to(tl.uint8), mask=m)
+        tl.store(rank_ptr + t, tl.where(bit == 1, ones - 1, t - ones), mask=m)
+        carry += tl.sum(bit, axis=0)
 
 
 @triton.jit
@@ -219,10 +236,10 @@ def decode(codec, payload, shape, dtype) -> torch.Tensor:
         raise ValueError(f"tah payload has {stream.numel()} bytes, shape {shape} needs "
                          f"{codec.nbytes(shape)}")
     off = _offsets(codec, shape)
-    high = unpack_bits(stream[off[1]:off[2]], 1, T)
-    ones = torch.cumsum(high, 0, dtype=torch.int32)
-    rank = torch.where(high.bool(), ones - 1,
-                       torch.arange(T, dtype=torch.int32, device=stream.device) - ones)
+    high = torch.empty(T, dtype=torch.uint8, device=stream.device)
+    rank = torch.empty(T, dtype=torch.int32, device=stream.device)
+    if T:
+        _ranks_kernel[(1,)](stream[off[1]:off[2]], high, rank, T, CH=RANK_CHUNK, **LAUNCH)
     out = torch.empty(shape, dtype=dtype, device=stream.device)
     kind = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
     t, pb = codec.t, codec.pivot_bits

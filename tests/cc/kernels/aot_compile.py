@@ -12,7 +12,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from megatron.cc.kernels import delta, fixpoint, group_sums, lowrank, tah
+from megatron.cc.kernels import delta, fixpoint, group_sums, lowrank, sparse, tah
 from megatron.training.loop import cross_entropy_kernels as ce
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -102,6 +102,8 @@ SPECS = {
     "tah.tiles[t2]": tah_tiles(2),
     "tah.pack_rows[3b]": tah_pack_rows(),
     "tah.decode[t16,bf16]": tah_decode(16, 2),
+    "tah.ranks": (tah._ranks_kernel, dict(p_ptr="*u8", high_ptr="*u8", rank_ptr="*i32",
+                                          NTOK=I), dict(CH=tah.RANK_CHUNK)),
     "fixpoint.group_scale[absmax,raw]": group(0, RAW=True, L=512, GB=4, LOGL=9),
     "fixpoint.group_scale[fitted,tile,bf16]": group(3, BF16=True),
     "fixpoint.group_scale[mean|x|]": group(1, L=8, GB=256, LOGL=3),
@@ -131,6 +133,19 @@ SPECS = {
                                dict(BLOCK=delta.SUB_BLOCK)),
     "fixpoint.unpack_dequantize[tile,1b,fp16]": unpack(GRAN=3, BITS=1, SIGNED=False, OUT=1,
                                                        PREV=False, BP=1),
+    "sparse.mask_counts": (sparse._mask_counts_kernel,
+                           dict(mask_ptr="*u8", counts_ptr="*i32", NBYTES=I),
+                           dict(BB=sparse.BLOCK // 8)),
+    "sparse.block_bases": (sparse._block_bases_kernel,
+                           dict(counts_ptr="*i32", base_ptr="*i32", NBLK=I),
+                           dict(CH=sparse.SCAN_CHUNK)),
+    "sparse.scatter[4b,bf16]": (sparse._scatter_kernel,
+                                dict(mask_ptr="*u8", base_ptr="*i32", codes_ptr="*u8",
+                                     s_ptr="*i16", out_ptr="*i16", NUMEL=I, N_RAND=I, K=I,
+                                     OFFSET=I, STRIDE=I, CODE_BYTES=I, BUCKET=I, C0=F, LPS=F,
+                                     C0T=F, LPST=F),
+                                dict(MASK=True, BITS=4, BP=4, BF16=False, SIGNED=True, OUT=2,
+                                     BLOCK=sparse.BLOCK, SP=16)),
     "loss.forward[bf16]": (ce._forward_kernel, dict(x_ptr="*bf16", labels_ptr="*i64",
                                                     loss_ptr="*fp32", max_ptr="*fp32",
                                                     logsum_ptr="*fp32", stride=I, V=I, REAL=I),
