@@ -58,6 +58,54 @@ def test_delta_step():
     assert torch.equal(receiver, new_ref) and torch.equal(x_hat, new_ref.to(torch.bfloat16))
 
 
+def test_delta_step_in_cache():
+    """The delta step on a device cache's rows, read and updated in place through the slot
+    table: the payload and rows of the step on the gathered rows."""
+    from megatron.cc.codecs import get_codec
+    from megatron.cc.codecs import delta_kernels as delta
+    q = get_codec("fixpoint", bits=4)
+    x = sample((64, 4, 200), torch.bfloat16, seed=1)
+    rows = sample((6, 64, 200), seed=2)
+    slots = torch.tensor([5, 0, 3, 1], device=DEV)
+    ref_payload, ref_new = delta.encode_update(x, rows[slots].transpose(0, 1).clone(), q)
+    want = rows.clone()
+    want[slots] = ref_new.transpose(0, 1)
+    sender = rows.clone()
+    payload = delta.encode_in_cache(x, sender, slots, q)
+    assert all(torch.equal(a, b) for a, b in zip(payload, ref_payload))
+    assert torch.equal(sender, want)
+    receiver = rows.clone()
+    x_hat = delta.decode_in_cache(payload, receiver, slots, q, x.shape, torch.bfloat16)
+    assert torch.equal(receiver, want) and torch.equal(x_hat, ref_new.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("topk_ratio", [0.2, 1.0])
+def test_cocktail_decode(topk_ratio, monkeypatch):
+    from megatron.cc.codecs import get_codec
+    from megatron.cc.kernels import dispatch, sparse
+    codec = get_codec("cocktail", topk_ratio=topk_ratio)
+    x = sample((300_001,), seed=3)
+    for step in (0, 7):
+        payload = codec.compress(x, step)
+        got = {d: sparse.decompress(codec, payload, x.numel(), step, d)
+               for d in (torch.float32, torch.bfloat16)}
+        with monkeypatch.context() as m:
+            m.setattr(dispatch, "enabled", lambda *t: False)
+            for d, y in got.items():
+                ref = codec.decompress(payload, x.numel(), step, d)
+                assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8))
+
+
+def test_lowrank_decode_product():
+    from megatron.cc.kernels import group_sums, lowrank
+    p = torch.randn(8192, 16, device=DEV).to(torch.bfloat16)
+    q = torch.randn(1920, 16, device=DEV).to(torch.bfloat16)
+    twin = group_sums.low_rank_product(p, q)
+    for dtype in (torch.float32, torch.bfloat16):
+        got = lowrank.low_rank_product(p, q, (1024, 8, 1920), dtype)
+        assert torch.equal(got.view(8192, 1920), twin.to(dtype))
+
+
 @pytest.mark.parametrize("t", [2, 16, 64])
 def test_tah(t, monkeypatch):
     """The kernels' payload is the eager one for the same token ranking (the kernel's

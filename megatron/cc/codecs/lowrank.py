@@ -114,9 +114,14 @@ class LowRankCodec(Codec):
     def encode(self, x, ctx=None):
         n, m = matrix_dims(x.shape)
         key, pd = shape_key(x.shape), self.payload_dtype or x.dtype
-        M = x.reshape(n, m).float()
-        if self.error_feedback and key in self.errors:
-            M = M + self.errors[key].to(M.device)  # no-op unless state was loaded elsewhere
+        E = self.errors.get(key) if self.error_feedback else None
+        if E is not None:
+            # M = x + E in E's own buffer (x.float() + E, the same sum); the new error is
+            # written back into it below
+            M = E.to(x.device).add_(x.reshape(n, m))   # .to: only if loaded on another device
+        else:
+            M = x.reshape(n, m).float()
+        own = E is not None or x.dtype != torch.float32   # else M is x itself: not written
         if self.full_rank(x.shape):
             payload = [M.to(pd).contiguous()]
             sent = (payload[0].float(), None)
@@ -138,8 +143,13 @@ class LowRankCodec(Codec):
             sent = (payload[0].float(), payload[1].float())
         if self.error_feedback:
             P_s, Q_s = sent
-            # E = M - M_hat, with M_hat rebuilt from what was sent (as the receiver does).
-            self.errors[key] = M - P_s if Q_s is None else torch.addmm(M, P_s, Q_s.t(), alpha=-1)
+            # E = M - M_hat, with M_hat rebuilt from what was sent (as the receiver does); in
+            # M's buffer where M is ours (the full-rank payload may be M itself: not there)
+            if Q_s is None:
+                self.errors[key] = M - P_s
+            else:
+                self.errors[key] = (M.addmm_(P_s, Q_s.t(), alpha=-1) if own
+                                    else torch.addmm(M, P_s, Q_s.t(), alpha=-1))
         return payload
 
     def pass_through(self, x, ctx=None):
@@ -155,6 +165,10 @@ class LowRankCodec(Codec):
         if len(payload) == 1:
             return payload[0].reshape(shape).to(dtype)
         P, Q = payload
+        from megatron.cc.kernels import dispatch
+        if dispatch.enabled(P, Q) and dtype in (torch.float32, torch.float16, torch.bfloat16):
+            from megatron.cc.kernels import lowrank as fused_lowrank   # one pass, no fp32 copy
+            return fused_lowrank.low_rank_product(P, Q, tuple(shape), dtype)
         return (P.float() @ Q.float().t()).reshape(shape).to(dtype)
 
     def state_dict(self):

@@ -189,3 +189,12 @@ def orthogonalize_(p: torch.Tensor, eps: float = 1e-8, passes: int = 2) -> torch
                 dots = column_sums(col[:, None] * rest, L)
                 rest.sub_(col[:, None] * dots[None, :])
     return p
+
+
+def low_rank_product(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """P (n, r) Q (m, r)^T in fp32 with each element summed over k = 0 .. r-1 in order: the
+    lowrank decode kernel's order."""
+    acc = torch.zeros(p.shape[0], q.shape[0], dtype=torch.float32, device=p.device)
+    for k in range(p.shape[1]):
+        acc = acc + p[:, k:k + 1].float() * q[:, k].float()[None, :]
+    return acc

@@ -1,4 +1,5 @@
-"""Gram-Schmidt of the lowrank codec (codecs/lowrank.py orthogonalize_) in one launch.
+"""The lowrank codec's (codecs/lowrank.py) Gram-Schmidt in one launch, and its decode P Q^T
+written in the message's dtype in one pass.
 
 One program per matrix sweeps the rows twice per column, in place of several small launches per
 column and pass, up to 512 rows a step (group_sums.gram_schmidt_lanes). Sums over the n rows
@@ -13,8 +14,11 @@ import triton
 import triton.language as tl
 
 from . import group_sums
-from .dispatch import LAUNCH, next_pow2
-from .primitives import tree_sum
+from .dispatch import LAUNCH, cdiv, next_pow2
+from .primitives import bf16_bits, tree_sum
+
+EXPAND_ROWS, EXPAND_COLS = 64, 128   # output tile per program of the decode
+OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 @triton.jit
@@ -81,3 +85,40 @@ def orthogonalize_(p: torch.Tensor, eps: float = 1e-8, passes: int = 2) -> torch
     _gram_schmidt_kernel[(1,)](p, n, r, float(eps), passes, BR=L, LOGBR=L.bit_length() - 1,
                                RP=next_pow2(r), num_warps=8 if L >= 256 else 4, **LAUNCH)
     return p
+
+
+@triton.jit
+def _expand_kernel(p_ptr, q_ptr, out_ptr, N, M, R, BN: tl.constexpr, BM: tl.constexpr,
+                   OUT: tl.constexpr):
+    """out (N, M) = P (N, R) Q (M, R)^T, each element summed over k = 0 .. R-1 in order in fp32
+    (group_sums.low_rank_product), stored in the output's dtype."""
+    rn = tl.program_id(0).to(tl.int64) * BN + tl.arange(0, BN)
+    rm = tl.program_id(1).to(tl.int64) * BM + tl.arange(0, BM)
+    acc = tl.zeros((BN, BM), tl.float32)
+    for k in range(R):
+        pk = tl.load(p_ptr + rn * R + k, mask=rn < N, other=0.0).to(tl.float32)
+        qk = tl.load(q_ptr + rm * R + k, mask=rm < M, other=0.0).to(tl.float32)
+        acc = acc + pk[:, None] * qk[None, :]
+    ptr = out_ptr + rn[:, None] * M + rm[None, :]
+    m = (rn < N)[:, None] & (rm < M)[None, :]
+    if OUT == 0:
+        tl.store(ptr, acc, mask=m)
+    elif OUT == 1:
+        tl.store(ptr, acc.to(tl.float16), mask=m)
+    else:
+        tl.store(ptr, bf16_bits(acc).to(tl.int16), mask=m)
+
+
+def low_rank_product(p: torch.Tensor, q: torch.Tensor, shape, dtype) -> torch.Tensor:
+    """(P @ Q^T) of P (n, r), Q (m, r) (any float dtype, read as fp32) as a tensor of `shape`
+    (n * m values) and `dtype` (fp32, fp16 or bf16), in one launch."""
+    n, r = p.shape
+    m = q.shape[0]
+    out = torch.empty(shape, dtype=dtype, device=p.device)
+    if out.numel() == 0:
+        return out
+    kind = OUT_KIND[dtype]
+    _expand_kernel[(cdiv(n, EXPAND_ROWS), cdiv(m, EXPAND_COLS))](
+        p.contiguous(), q.contiguous(), out if kind < 2 else out.view(torch.int16), n, m, r,
+        BN=EXPAND_ROWS, BM=EXPAND_COLS, OUT=kind, num_warps=8, **LAUNCH)
+    return out

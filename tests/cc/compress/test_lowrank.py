@@ -256,3 +256,42 @@ def test_rank_deficient_message_is_exact(r):
         assert torch.linalg.norm(y - x) / torch.linalg.norm(x) < 1e-4
     q = orthogonalize_(torch.randn(96, r, generator=g) @ torch.diag(torch.tensor([1.0] * 3 + [1e-9] * (r - 3))))
     assert torch.allclose(q.t() @ q, torch.eye(r), atol=1e-4)
+
+
+def _reference_encode(state, x):
+    """The error update as written before it moved into the error buffer: out of place."""
+    from megatron.cc.codecs.lowrank import matrix_dims, shape_key
+    n, m = matrix_dims(x.shape)
+    key = shape_key(x.shape)
+    M = x.reshape(n, m).float()
+    if key in state:
+        M = M + state[key]
+    return M, key
+
+
+@pytest.mark.parametrize("name", ["lowrank", "rsvd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rank", [3, 64])   # low rank, and full rank (M itself is sent)
+def test_error_buffer_updated_in_place_as_out_of_place(name, dtype, rank):
+    """LEP's error: x + E and the new E = M - P Q^T computed in E's buffer give the values of
+    the out-of-place sums; an fp32 input is never written; the full-rank payload survives."""
+    codec = get_codec(name, rank=rank, error_feedback=True)
+    g = torch.Generator().manual_seed(0)
+    errors = {}
+    for step in range(3):
+        x = torch.randn(5, 2, 12, generator=g).to(dtype)
+        x0 = x.clone()
+        M, key = _reference_encode(errors, x)
+        payload = codec.encode(x, CodecContext(microbatch=0, iteration=step))
+        assert torch.equal(x, x0)
+        sent = [p.float() for p in payload]
+        if len(sent) == 1:
+            want = M - sent[0]
+        elif name == "lowrank":
+            want = torch.addmm(M, sent[0], sent[1].t(), alpha=-1)
+        else:
+            want = M - sent[0] @ sent[1].t()
+        assert torch.equal(codec.error(x.shape), want)
+        if len(sent) == 1:
+            assert torch.equal(sent[0], M.to(dtype).float())
+        errors[key] = want

@@ -45,3 +45,31 @@ def test_bit_identical_to_twin_and_close_to_codec(p):
 def test_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="contiguous fp32"):
         kl.orthogonalize_(torch.randn(8, 3).t(), 1e-8)
+
+
+@pytest.mark.parametrize("n,m,r,pdtype", [(70, 150, 16, torch.bfloat16),   # 2 x 2 tiles
+                                          (5, 3, 4, torch.float32),
+                                          (130, 1, 1, torch.float16)])
+def test_decode_product_bit_identical_to_twin_and_close_to_matmul(n, m, r, pdtype):
+    g = torch.Generator().manual_seed(n)
+    p = torch.randn(n, r, generator=g).to(pdtype)
+    q = (torch.randn(m, r, generator=g) * 1e3).to(pdtype)
+    twin = group_sums.low_rank_product(p, q)
+    mm = p.float() @ q.float().t()
+    assert torch.allclose(twin, mm, rtol=1e-5, atol=1e-3)
+    for out in (torch.float32, torch.float16, torch.bfloat16):
+        got = kl.low_rank_product(p, q, (n, 1, m), out)
+        assert got.shape == (n, 1, m) and got.dtype == out
+        assert torch.equal(got.view(n, m), twin.to(out))
+
+
+def test_codec_decode_routes_to_the_kernel(monkeypatch):
+    from megatron.cc.codecs import get_codec
+    from megatron.cc.kernels import dispatch
+    codec = get_codec("lowrank", rank=4)
+    x = torch.randn(6, 2, 40)
+    payload = codec.encode(x)
+    monkeypatch.setattr(dispatch, "enabled", lambda *t: True)
+    got = codec.decode(payload, x.shape, torch.bfloat16)
+    want = group_sums.low_rank_product(*payload).to(torch.bfloat16).view(x.shape)
+    assert torch.equal(got, want)
