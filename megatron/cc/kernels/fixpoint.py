@@ -20,7 +20,7 @@ from megatron.cc.numerics import quant
 
 from . import group_sums
 from .dispatch import LAUNCH, cdiv, next_pow2
-from .primitives import (bf16_bits, pack_groups, round_half_even, scale_value,
+from .primitives import (OUT_KIND, pack_groups, round_half_even, scale_value, store_as,
                          store_scale_bits, tree_sum)
 
 GRAN = {"tensor": 0, "channel": 1, "bucket": 2, "tile": 3}
@@ -616,12 +616,7 @@ def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, prev_ptr, new_ptr, slot_ptr, N
         val = tl.load(prev_ptr + offset3(i, D1, D2, PS0, PS1, PS2, slot_ptr, SLOTS), mask=m,
                       other=0.0) + val
         tl.store(new_ptr + offset3(i, D1, D2, NS0, NS1, NS2, slot_ptr, SLOTS), val, mask=m)
-    if OUT == 0:
-        tl.store(out_ptr + i, val, mask=m)
-    elif OUT == 1:
-        tl.store(out_ptr + i, val.to(tl.float16), mask=m)
-    else:
-        tl.store(out_ptr + i, bf16_bits(val).to(tl.int16), mask=m)
+    store_as(out_ptr + i, val, m, OUT)
 
 
 def _geometry(shape, granularity, group_size) -> tuple[int, int, int]:
@@ -701,7 +696,7 @@ def unpack_dequantize(packed, scales, bits, shape, granularity="channel", group_
     ps = ns = (0, 0, 0)
     if prev is not None:
         d1, d2, ps, ns, slots = cache_args(shape, prev, new, slots)
-    kind = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
+    kind = OUT_KIND[dtype]
     _unpack_dequant_kernel[(cdiv(cdiv(n, 8), CODE_BLOCK),)](
         packed.contiguous(), scales.view(torch.int16), out if kind < 2 else out.view(torch.int16),
         prev if prev is not None else out, new if new is not None else out,

@@ -15,10 +15,9 @@ import triton.language as tl
 
 from . import group_sums
 from .dispatch import LAUNCH, cdiv, next_pow2
-from .primitives import bf16_bits, tree_sum
+from .primitives import OUT_KIND, store_as, tree_sum
 
 EXPAND_ROWS, EXPAND_COLS = 64, 128   # output tile per program of the decode
-OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 @triton.jit
@@ -99,14 +98,8 @@ def _expand_kernel(p_ptr, q_ptr, out_ptr, N, M, R, BN: tl.constexpr, BM: tl.cons
         pk = tl.load(p_ptr + rn * R + k, mask=rn < N, other=0.0).to(tl.float32)
         qk = tl.load(q_ptr + rm * R + k, mask=rm < M, other=0.0).to(tl.float32)
         acc = acc + pk[:, None] * qk[None, :]
-    ptr = out_ptr + rn[:, None] * M + rm[None, :]
-    m = (rn < N)[:, None] & (rm < M)[None, :]
-    if OUT == 0:
-        tl.store(ptr, acc, mask=m)
-    elif OUT == 1:
-        tl.store(ptr, acc.to(tl.float16), mask=m)
-    else:
-        tl.store(ptr, bf16_bits(acc).to(tl.int16), mask=m)
+    store_as(out_ptr + rn[:, None] * M + rm[None, :], acc, (rn < N)[:, None] & (rm < M)[None, :],
+             OUT)
 
 
 def low_rank_product(p: torch.Tensor, q: torch.Tensor, shape, dtype) -> torch.Tensor:

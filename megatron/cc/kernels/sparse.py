@@ -16,11 +16,10 @@ import triton.language as tl
 
 from .dispatch import LAUNCH, cdiv, next_pow2
 from .fixpoint import grids_of, signed_grid, step_grid
-from .primitives import bf16_bits, scale_value
+from .primitives import OUT_KIND, scale_value, store_as
 
 BLOCK = 512          # subset positions per program (a multiple of 8: whole mask bytes)
 SCAN_CHUNK = 1024    # block counts per step of the one-program running sum
-OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 @triton.jit
@@ -82,13 +81,7 @@ def _scatter_kernel(mask_ptr, base_ptr, codes_ptr, s_ptr, out_ptr, NUMEL, N_RAND
     r = tl.arange(0, SP)
     pos = i[:, None] * STRIDE + r[None, :]
     v = tl.where(r[None, :] == OFFSET, val[:, None], 0.0)
-    m = (r[None, :] < STRIDE) & (pos < NUMEL)
-    if OUT == 0:
-        tl.store(out_ptr + pos, v, mask=m)
-    elif OUT == 1:
-        tl.store(out_ptr + pos, v.to(tl.float16), mask=m)
-    else:
-        tl.store(out_ptr + pos, bf16_bits(v).to(tl.int16), mask=m)
+    store_as(out_ptr + pos, v, (r[None, :] < STRIDE) & (pos < NUMEL), OUT)
 
 
 def decompress(codec, payload, numel: int, step: int, dtype) -> torch.Tensor:

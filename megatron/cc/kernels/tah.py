@@ -18,8 +18,8 @@ import triton.language as tl
 
 from .dispatch import LAUNCH, cdiv, next_pow2
 from .fixpoint import pack as pack_bits
-from .primitives import (bf16_bits, fwht, half_value, pack_groups, round_down_half_bits,
-                         round_half_even, store_scale_bits)
+from .primitives import (OUT_KIND, fwht, half_value, pack_groups, round_down_half_bits,
+                         round_half_even, store_as, store_scale_bits)
 
 TILE_BLOCK = 2048     # values per program (a multiple of 8 tiles: flag / pivot bytes are whole)
 CODE_BLOCK = 256      # 8-code groups per program in the row packer
@@ -168,13 +168,7 @@ def _decode_kernel(p_ptr, sz_ptr, high_ptr, rank_ptr, out_ptr, NTILES, NT, C, CP
     val = tl.where(flag[:, None], inv, tile)
     cols = col[:, None] + e[None, :]
     dst = out_ptr + tok[:, None] * C + cols
-    m = fm[:, None] & (cols < C)
-    if OUT == 0:
-        tl.store(dst, val, mask=m)
-    elif OUT == 1:
-        tl.store(dst, val.to(tl.float16), mask=m)
-    else:
-        tl.store(dst, bf16_bits(val).to(tl.int16), mask=m)
+    store_as(dst, val, fm[:, None] & (cols < C), OUT)
 
 
 def _offsets(codec, shape) -> list[int]:
@@ -241,7 +235,7 @@ def decode(codec, payload, shape, dtype) -> torch.Tensor:
     if T:
         _ranks_kernel[(1,)](stream[off[1]:off[2]], high, rank, T, CH=RANK_CHUNK, **LAUNCH)
     out = torch.empty(shape, dtype=dtype, device=stream.device)
-    kind = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
+    kind = OUT_KIND[dtype]
     t, pb = codec.t, codec.pivot_bits
     tb = max(8, TILE_BLOCK // t)
     _decode_kernel[(cdiv(T * nt, tb),)](
