@@ -22,7 +22,7 @@ def _payload(codec, numel, step, seed=0):
     (997, 0.1, 0.2, 2, "absmax", "bfloat16"),      # the last subset position past the end
     (513, 0.25, 1.0, 8, "fitted", "float16"),      # every sampled entry kept: no mask
     (7, 0.1, 0.5, 4, "fitted", "float16"),         # fewer values than the stride
-    (4096, 1.0, 0.3, 1, "seed", "float16"),        # stride 1
+    (300, 1.0, 0.3, 1, "seed", "float16"),         # stride 1
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_decompress_equals_the_eager_one(numel, random_ratio, topk_ratio, bits, scheme,
