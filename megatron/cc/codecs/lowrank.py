@@ -111,17 +111,19 @@ class LowRankCodec(Codec):
         g = torch.Generator().manual_seed(self.seed)
         return torch.randn(m, self.rank, generator=g).to(device)
 
+    def _with_error(self, x, key, n, m) -> tuple[torch.Tensor, bool]:
+        """(M, own): x as an (n, m) fp32 matrix plus the LEP error where there is one, summed in
+        the error's own buffer (x.float() + E, the same sum), so the new error can be written
+        back into it; own is False where M is x itself (an fp32 x and no error): not written."""
+        E = self.errors.get(key) if self.error_feedback else None
+        if E is not None:
+            return E.to(x.device).add_(x.reshape(n, m)), True   # .to: if loaded elsewhere
+        return x.reshape(n, m).float(), x.dtype != torch.float32
+
     def encode(self, x, ctx=None):
         n, m = matrix_dims(x.shape)
         key, pd = shape_key(x.shape), self.payload_dtype or x.dtype
-        E = self.errors.get(key) if self.error_feedback else None
-        if E is not None:
-            # M = x + E in E's own buffer (x.float() + E, the same sum); the new error is
-            # written back into it below
-            M = E.to(x.device).add_(x.reshape(n, m))   # .to: only if loaded on another device
-        else:
-            M = x.reshape(n, m).float()
-        own = E is not None or x.dtype != torch.float32   # else M is x itself: not written
+        M, own = self._with_error(x, key, n, m)
         if self.full_rank(x.shape):
             payload = [M.to(pd).contiguous()]
             sent = (payload[0].float(), None)
@@ -166,7 +168,7 @@ class LowRankCodec(Codec):
             return payload[0].reshape(shape).to(dtype)
         P, Q = payload
         from megatron.cc.kernels import dispatch
-        if dispatch.enabled(P, Q) and dtype in (torch.float32, torch.float16, torch.bfloat16):
+        if dispatch.enabled(P, Q) and dtype in dispatch.OUT_KIND:
             from megatron.cc.kernels import lowrank as fused_lowrank   # one pass, no fp32 copy
             return fused_lowrank.low_rank_product(P, Q, tuple(shape), dtype)
         return (P.float() @ Q.float().t()).reshape(shape).to(dtype)

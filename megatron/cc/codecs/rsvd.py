@@ -74,24 +74,19 @@ class RandomizedSVDCodec(LowRankCodec):
     def encode(self, x, ctx=None):
         n, m = matrix_dims(x.shape)
         key, pd = shape_key(x.shape), self.payload_dtype or x.dtype
-        E = self.errors.get(key) if self.error_feedback else None
-        if E is not None:   # M = x + E in E's buffer (as lowrank.encode)
-            M = E.to(x.device).add_(x.reshape(n, m))
-        else:
-            M = x.reshape(n, m).float()
+        M, own = self._with_error(x, key, n, m)
         if self.full_rank(x.shape):
             payload = [M.to(pd).contiguous()]
             sent = payload[0].float()
-            in_place = False   # the payload may be M itself
+            own = False   # the payload may be M itself
         else:
             it, mb = (ctx.iteration, ctx.microbatch) if ctx is not None else (0, 0)
             omega, = self._gaussian.draw([(m, self.rank)], M, message_seed(self.seed, it, mb))
             P, B = range_and_coefficients(M, omega, self.power_iters - 1, self.eps)
             payload = [P.to(pd), B.to(pd)]
             sent = self.decode(payload, (n, m), torch.float32)   # as the receiver rebuilds it
-            in_place = E is not None or x.dtype != torch.float32   # else M is x itself
         if self.error_feedback:
-            self.errors[key] = M.sub_(sent) if in_place else M - sent
+            self.errors[key] = M.sub_(sent) if own else M - sent
         return payload
 
     def state_dict(self):

@@ -19,6 +19,7 @@ import torch
 
 from .base import StepCodec, parse_dtype, register
 from . import fused
+from megatron.cc.kernels import dispatch
 from megatron.cc.numerics.quant import pack_bits, packed_nbytes, quantize
 from megatron.cc.numerics.rng import DeviceGenerator
 
@@ -111,8 +112,7 @@ class CocktailCodec(StepCodec):
                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Dense values; a mask with other than k set bits is not detected here (checking it
         would sync the host): `mask_ok` tells."""
-        if fused.enabled(payload[1]) and dtype in (torch.float32, torch.float16,
-                                                   torch.bfloat16):
+        if fused.enabled(payload[1]) and dtype in dispatch.OUT_KIND:
             from megatron.cc.kernels import sparse
             return sparse.decompress(self, payload, numel, step, dtype)
         n_rand, k = self.sizes(numel)

@@ -25,6 +25,9 @@ def enabled(*tensors: torch.Tensor) -> bool:
             and os.environ.get("MEGATRON_CC_FUSED", "1") != "0")
 
 
+# the dtypes the kernels write a decoded message in, as their OUT constexpr (primitives.store_as)
+OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
 # Every launch: no fused multiply-add contraction. The eager reference rounds x - k*step and
 # prev + deq after each operation; an FMA would round once and change the last bit.
 LAUNCH = {"enable_fp_fusion": False}

@@ -19,8 +19,8 @@ import triton.language as tl
 from megatron.cc.numerics import quant
 
 from . import group_sums
-from .dispatch import LAUNCH, cdiv, next_pow2
-from .primitives import (OUT_KIND, pack_groups, round_half_even, scale_value, store_as,
+from .dispatch import LAUNCH, OUT_KIND, cdiv, next_pow2
+from .primitives import (pack_groups, round_half_even, scale_value, store_as,
                          store_scale_bits, tree_sum)
 
 GRAN = {"tensor": 0, "channel": 1, "bucket": 2, "tile": 3}
@@ -356,8 +356,9 @@ class _ColumnPlan(NamedTuple):
     """Everything of a _channel_scales call but its tensors: the workspace's layout and each
     stage's launch arguments (built once per shape and mode: a message's many calls then
     spend their host time on the launches alone)."""
-    ws_numel: int                  # fp32 workspace: part, then (fitted) sv, st step, st c0, sb
-    slices: Tuple[int, ...]        # offsets of sv, st step, st c0, sb (fitted), then the end
+    # where part ends in the fp32 workspace, then (fitted) where sv, st step, st c0 and sb end:
+    # the last is the workspace's size
+    slices: Tuple[int, ...]
     grid_pass: Tuple[int, int]
     grid_reduce: Tuple[int]
     pass_args: tuple               # N, C, nb, qmax
@@ -400,7 +401,7 @@ def _column_plan(N, C, mode, bits, scheme, bf16, raw, block_rows, lanes, n_rise,
     if fitted:   # sv (7 rows), st's step and c0 (slots rows each), sb (4 int32 rows)
         for n in (7 * C, slots * C, slots * C, 4 * C):
             offsets.append(offsets[-1] + _aligned(n))
-    return _ColumnPlan(offsets[-1], tuple(offsets), (cdiv(C, COL_CB), nb),
+    return _ColumnPlan(tuple(offsets), (cdiv(C, COL_CB), nb),
                        (cdiv(C, COL_REDUCE_CB),), (N, C, nb, float((1 << bits) - 1)),
                        (N, C, nb, c0, lps, c0t, lpst), tuple(stages))
 
@@ -413,8 +414,8 @@ def _channel_scales(x, out, mode, bits, scheme, scale_dtype, raw=False) -> None:
     p = _column_plan(x.numel() // C, C, mode, bits, scheme, scale_dtype == torch.bfloat16, raw,
                      group_sums.COL_BLOCK_ROWS, group_sums.COL_LANES, n_rise, n_tread,
                      quant._FIT_REFITS)
-    ws = torch.empty(p.ws_numel, dtype=torch.float32, device=x.device)   # one allocation
     o = p.slices
+    ws = torch.empty(o[-1], dtype=torch.float32, device=x.device)   # one allocation
     if len(o) > 1:   # the fitted search's state
         part, sv, step, c0 = ws[:o[0]], ws[o[0]:o[1]], ws[o[1]:o[2]], ws[o[2]:o[3]]
         sb = ws[o[3]:o[4]].view(torch.int32)

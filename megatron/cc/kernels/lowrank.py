@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from . import group_sums
-from .dispatch import LAUNCH, cdiv, next_pow2
-from .primitives import OUT_KIND, store_as, tree_sum
+from .dispatch import LAUNCH, OUT_KIND, cdiv, next_pow2
+from .primitives import store_as, tree_sum
 
 EXPAND_ROWS, EXPAND_COLS = 64, 128   # output tile per program of the decode
 

@@ -4,7 +4,6 @@ Written with plain arithmetic and bit operations only, so that compiled kernels 
 interpreter (which CI runs) compute the same bits: the interpreter has no libdevice (rint), and
 its fp32 -> bf16 cast truncates where CUDA rounds to nearest even, so neither is used.
 """
-import torch
 import triton
 import triton.language as tl
 
@@ -31,14 +30,10 @@ def bf16_bits(x):
     return tl.where(x != x, 0x7FC0, r.to(tl.int32))
 
 
-# the kernels' output dtypes, as their OUT constexpr (store_as)
-OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-
-
 @triton.jit
 def store_as(ptr, val, mask, OUT: tl.constexpr):
     """Store fp32 val at ptr as fp32 (OUT 0), fp16 (1) or bf16 bits into an int16 view (2),
-    each rounded to nearest even as torch's casts."""
+    each rounded to nearest even as torch's casts (dispatch.OUT_KIND)."""
     if OUT == 0:
         tl.store(ptr, val, mask=mask)
     elif OUT == 1:

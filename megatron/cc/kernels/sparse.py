@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import LAUNCH, cdiv, next_pow2
+from .dispatch import LAUNCH, OUT_KIND, cdiv, next_pow2
 from .fixpoint import grids_of, signed_grid, step_grid
-from .primitives import OUT_KIND, scale_value, store_as
+from .primitives import scale_value, store_as
 
 BLOCK = 512          # subset positions per program (a multiple of 8: whole mask bytes)
 SCAN_CHUNK = 1024    # block counts per step of the one-program running sum

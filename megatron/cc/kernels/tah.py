@@ -16,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import LAUNCH, cdiv, next_pow2
+from .dispatch import LAUNCH, OUT_KIND, cdiv, next_pow2
 from .fixpoint import pack as pack_bits
-from .primitives import (OUT_KIND, fwht, half_value, pack_groups, round_down_half_bits,
+from .primitives import (fwht, half_value, pack_groups, round_down_half_bits,
                          round_half_even, store_as, store_scale_bits)
 
 TILE_BLOCK = 2048     # values per program (a multiple of 8 tiles: flag / pivot bytes are whole)
