@@ -96,6 +96,21 @@ def test_cocktail_decode(topk_ratio, monkeypatch):
                 assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8))
 
 
+@pytest.mark.parametrize("topk_ratio", [0.2, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cocktail_encode(topk_ratio, dtype, monkeypatch):
+    from megatron.cc.codecs import get_codec
+    from megatron.cc.kernels import dispatch
+    codec = get_codec("cocktail", topk_ratio=topk_ratio, scheme="absmax")
+    x = sample((300_001,), dtype, seed=4)
+    for step in (0, 7):
+        got = codec.compress(x, step)
+        with monkeypatch.context() as m:
+            m.setattr(dispatch, "enabled", lambda *t: False)
+            want = codec.compress(x, step)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_lowrank_decode_product():
     from megatron.cc.kernels import group_sums, lowrank
     p = torch.randn(8192, 16, device=DEV).to(torch.bfloat16)

@@ -206,22 +206,47 @@ class ActivationCache:
             return None
         return self.data.view(torch.float32).view(self.capacity, *self.sample_shape)
 
+    def _gather_slots(self, slots: torch.Tensor) -> torch.Tensor | None:
+        """slots on the device where one gather (or scatter) of rows serves them: a device
+        cache and distinct slots (a scatter to a repeated slot has no defined winner)."""
+        if self.storage != "device" or len(set(slots.tolist())) != len(slots):
+            return None
+        return slots.to(self.device, non_blocking=True)
+
+    def _rows(self, slots: torch.Tensor, cols: slice) -> torch.Tensor:
+        """(B, width) uint8: the bytes `cols` of these slots' rows, contiguous, on `device`."""
+        here = self._gather_slots(slots)
+        if here is not None:
+            return self.data[:, cols].index_select(0, here)
+        part = self.data[:, cols]
+        rows = torch.empty(len(slots), part.shape[1], dtype=torch.uint8, device=self.device)
+        for i, slot in enumerate(slots.tolist()):  # row memcpy (host storage): no gather
+            rows[i].copy_(part[slot], non_blocking=True)
+        return rows
+
+    def _store_rows(self, slots: torch.Tensor, cols: slice, rows: torch.Tensor) -> None:
+        here = self._gather_slots(slots)
+        if here is not None:
+            self.data[:, cols].index_copy_(0, here, rows)
+            return
+        for i, slot in enumerate(slots.tolist()):  # in order: a repeated slot keeps the last
+            self.data[slot, cols].copy_(rows[i], non_blocking=True)
+
     def read(self, slots: torch.Tensor) -> torch.Tensor:
         """(B, S, H) float32 values of these slots, on `device`."""
-        rows = torch.empty(len(slots), self.slot_bytes, dtype=torch.uint8, device=self.device)
-        for i, slot in enumerate(slots.tolist()):  # row memcpy: far faster than a gather
-            rows[i].copy_(self.data[slot], non_blocking=True)
-        b, (s, h) = rows.shape[0], self.sample_shape
+        b, (s, h) = len(slots), self.sample_shape
         if self.bits is None:
+            rows = self._rows(slots, slice(None))
             return rows.view(self.dtype).reshape(b, s, h).float()
         ncode = self.slot_bytes - 2 * h
-        scales = rows[:, ncode:].contiguous().view(torch.float16).reshape(-1)
+        codes = self._rows(slots, slice(0, ncode)).reshape(-1)
+        scales = self._rows(slots, slice(ncode, None)).view(torch.float16).reshape(-1)
         if (s * h) % 8 == 0:   # no padding between samples: one stream
             # stored channel-major: (B, H, S), one scale per (sample, channel) row
-            x = fused.decode(rows[:, :ncode].reshape(-1), scales, self.bits, (b, h, s), "tile",
-                             s, torch.float32, self.scheme)
+            x = fused.decode(codes, scales, self.bits, (b, h, s), "tile", s, torch.float32,
+                             self.scheme)
             return x.transpose(1, 2)
-        codes = unpack_bits(rows[:, :ncode].reshape(-1), self.bits, b * ncode * 8 // self.bits)
+        codes = unpack_bits(codes, self.bits, b * ncode * 8 // self.bits)
         codes = codes.view(b, -1)[:, :s * h]
         x = dequantize(codes, scales, self.bits, (b, h, s), "tile", s, scheme=self.scheme)
         return x.transpose(1, 2)
@@ -233,12 +258,15 @@ class ActivationCache:
             if self.dtype == torch.float16:  # saturate: an inf cached would poison every delta
                 values = values.clamp(-FP16_MAX, FP16_MAX)
             rows = values.to(self.dtype).reshape(b, -1).contiguous().view(torch.uint8)
-        elif (s * h) % 8 == 0:   # every sample starts a group of 8 codes: one stream
+            self._store_rows(slots, slice(None), rows)
+            return
+        ncode = self.slot_bytes - 2 * h
+        if (s * h) % 8 == 0:   # every sample starts a group of 8 codes: one stream
             # channel-major (B, H, S): one scale per (sample, channel) row; on CUDA the fused
             # kernels (scales, quantise + pack), eager elsewhere
             packed, scales = fused.encode(values.transpose(1, 2), self.bits, "tile", s,
                                           torch.float16, self.scheme)
-            rows = torch.cat([packed.view(b, -1), scales.view(b, h).view(torch.uint8)], dim=1)
+            packed = packed.view(b, -1)
         else:
             codes, scales = quantize(values.transpose(1, 2), self.bits, "tile", s,
                                      scheme=self.scheme)
@@ -247,9 +275,8 @@ class ActivationCache:
             if pad:
                 codes = torch.cat([codes, codes.new_zeros(b, pad)], dim=1)
             packed = pack_bits(codes, self.bits).view(b, -1)
-            rows = torch.cat([packed, scales.view(b, h).view(torch.uint8)], dim=1)
-        for i, slot in enumerate(slots.tolist()):  # row memcpy: far faster than index_put
-            self.data[slot].copy_(rows[i], non_blocking=True)
+        self._store_rows(slots, slice(0, ncode), packed)
+        self._store_rows(slots, slice(ncode, None), scales.view(b, h).view(torch.uint8))
 
     def _settle(self) -> None:
         """Wait for pending asynchronous copies (checkpointing only: the host reads the data)."""

@@ -84,19 +84,30 @@ class CocktailCodec(StepCodec):
         flat = x.reshape(-1)
         numel = flat.numel()
         n_rand, k = self.sizes(numel)
-        idx = self.random_indices(numel, step, flat.device)
-        valid = idx < numel
-        vals = torch.where(valid, flat[idx.clamp(max=max(numel - 1, 0))].float(), 0.0)
         gen = None if self.rng is None else self.rng.get(flat.device)
+        sparse = None
+        if fused.enabled(flat):
+            from megatron.cc.kernels import sparse
+            vals, mag = sparse.sample(self, flat, step, need_mag=k < n_rand)
+        else:
+            idx = self.random_indices(numel, step, flat.device)
+            valid = idx < numel
+            vals = torch.where(valid, flat[idx.clamp(max=max(numel - 1, 0))].float(), 0.0)
+            # pads lose against every real entry
+            mag = torch.where(valid, vals.abs(), -1.0) if k < n_rand else None
         if k == n_rand:   # everything sampled is kept (a pad, if any, carries 0): no mask
             packed, scales = self._values(vals, gen)
             return [torch.empty(0, dtype=torch.uint8, device=flat.device), packed, scales]
-        mag = torch.where(valid, vals.abs(), -1.0)  # pads lose against every real entry
         keep = mag.topk(k, sorted=False).indices.sort().values
-        # index_fill_: `mask[keep] = 1` would copy a host scalar up (a sync on CUDA)
-        mask = torch.zeros(n_rand, dtype=torch.uint8, device=flat.device).index_fill_(0, keep, 1)
-        packed, scales = self._values(vals[keep], gen)
-        return [fused.pack_bits(mask, 1), packed, scales]
+        if sparse is not None:
+            mask, kept = sparse.keep(vals, keep)
+        else:
+            # index_fill_: `mask[keep] = 1` would copy a host scalar up (a sync on CUDA)
+            mask = pack_bits(torch.zeros(n_rand, dtype=torch.uint8, device=flat.device)
+                             .index_fill_(0, keep, 1), 1)
+            kept = vals[keep]
+        packed, scales = self._values(kept, gen)
+        return [mask, packed, scales]
 
     def _values(self, vals: torch.Tensor, gen) -> tuple[torch.Tensor, torch.Tensor]:
         """(packed codes, scales) of the kept values: one Triton pass each way on CUDA when

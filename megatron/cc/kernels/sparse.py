@@ -1,7 +1,14 @@
-"""CocktailSGD's decompress (codecs/sparse.py) in three launches: the dense tensor written once.
+"""CocktailSGD (codecs/sparse.py) on kernels: compress's sampling and mask, and decompress in
+three launches with the dense tensor written once.
 
-The j-th set bit of the mask holds kept value j, so a kept entry's value index is the count of
-set bits before it. Per block of BLOCK subset positions: its set bits (`_mask_counts_kernel`),
+Compress: one pass samples the rolling subset (`_sample_kernel`: each value in fp32 and its
+magnitude, pads past the end 0 and -1), torch's topk and sort choose the kept positions, and
+`_keep_kernel` gathers their values and sets their mask bits (an atomic OR into 32-bit words,
+whose little-endian bytes are quant.pack_bits' 1-bit layout). The same payload bit for bit as the
+eager compress.
+
+Decompress: the j-th set bit of the mask holds kept value j, so a kept entry's value index is
+the count of set bits before it. Per block of BLOCK subset positions: its set bits (`_mask_counts_kernel`),
 their exclusive running sum (`_block_bases_kernel`, one program), then every block at once
 (`_scatter_kernel`): its bits' running count from the block's base, the b-bit code and scale of
 that value, and the block's whole stretch of the dense output (value or zero), so the output
@@ -19,7 +26,57 @@ from .fixpoint import grids_of, signed_grid, step_grid
 from .primitives import scale_value, store_as
 
 BLOCK = 512          # subset positions per program (a multiple of 8: whole mask bytes)
+SAMPLE_BLOCK = 1024  # subset positions (or kept values) per program of the compress kernels
 SCAN_CHUNK = 1024    # block counts per step of the one-program running sum
+
+
+@triton.jit
+def _sample_kernel(x_ptr, vals_ptr, mag_ptr, NUMEL, N_RAND, OFFSET, STRIDE, MAG: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """vals[i] = x[OFFSET + STRIDE i] in fp32 (0 past the end); with MAG, mag[i] = |vals[i]|
+    (-1 past the end: a pad loses against every real entry)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = i < N_RAND
+    idx = OFFSET + STRIDE * i
+    valid = idx < NUMEL
+    v = tl.load(x_ptr + idx, mask=inb & valid, other=0).to(tl.float32)
+    tl.store(vals_ptr + i, v, mask=inb)
+    if MAG:
+        tl.store(mag_ptr + i, tl.where(valid, tl.abs(v), -1.0), mask=inb)
+
+
+@triton.jit
+def _keep_kernel(vals_ptr, keep_ptr, kept_ptr, words_ptr, K, BLOCK: tl.constexpr):
+    """kept[j] = vals[keep[j]]; bit keep[j] of the mask words set."""
+    j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = j < K
+    p = tl.load(keep_ptr + j, mask=ok, other=0)
+    tl.store(kept_ptr + j, tl.load(vals_ptr + p, mask=ok, other=0), mask=ok)
+    bit = tl.full((BLOCK,), 1, tl.int32) << (p % 32).to(tl.int32)
+    tl.atomic_or(words_ptr + p // 32, bit, mask=ok)
+
+
+def sample(codec, flat: torch.Tensor, step: int, need_mag: bool):
+    """(vals, mag) of CocktailCodec.compress: the rolling subset of flat in fp32, and its
+    magnitudes with -1 at pads (None unless need_mag)."""
+    n_rand, _ = codec.sizes(flat.numel())
+    buf = torch.empty((2 if need_mag else 1, n_rand), dtype=torch.float32, device=flat.device)
+    if n_rand:
+        _sample_kernel[(cdiv(n_rand, SAMPLE_BLOCK),)](
+            flat, buf[0], buf[-1], flat.numel(), n_rand, (codec.seed + step) % codec.stride,
+            codec.stride, MAG=need_mag, BLOCK=SAMPLE_BLOCK, **LAUNCH)
+    return buf[0], (buf[1] if need_mag else None)
+
+
+def keep(vals: torch.Tensor, positions: torch.Tensor):
+    """(packed 1-bit mask of len(vals) bits with `positions` set, vals[positions])."""
+    n, k = vals.numel(), positions.numel()
+    words = torch.zeros(cdiv(n, 32), dtype=torch.int32, device=vals.device)
+    kept = torch.empty(k, dtype=torch.float32, device=vals.device)
+    if k:
+        _keep_kernel[(cdiv(k, SAMPLE_BLOCK),)](vals, positions, kept, words, k,
+                                               BLOCK=SAMPLE_BLOCK, **LAUNCH)
+    return words.view(torch.uint8)[:cdiv(n, 8)], kept
 
 
 @triton.jit

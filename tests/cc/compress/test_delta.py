@@ -114,6 +114,25 @@ def test_disk_storage_matches_ram(tmp_path, name, kw):
 
 
 @pytest.mark.parametrize("name,kw", [("delta", {}), ("delta", {"cache_dtype": "float16"}),
+                                     ("delta-lowbits", {}), ("delta-lowbits", {"bits_act": 3})])
+def test_device_storage_matches_ram(name, kw):
+    """A device cache moves its rows by one gather and one scatter (index_select,
+    index_copy_), host storage row by row: the same payloads, decodes and caches, evictions
+    and a sample repeated within a micro-batch included."""
+    ends = {where: (make(name, storage=where, capacity=4, **kw),
+                    make(name, storage=where, capacity=4, **kw)) for where in ("ram", "device")}
+    batches = list(stream(steps=6, pool=7))
+    batches.append((batches[0][0], torch.tensor([2, 2, 5])))
+    for x, ids in batches:
+        ctx = CodecContext(sample_ids=ids)
+        (a, ra), (b, rb) = ([send.encode(x, ctx), recv] for send, recv in ends.values())
+        assert all(torch.equal(p, q) for p, q in zip(a, b))
+        assert torch.equal(ra.decode(a, x.shape, x.dtype, ctx), rb.decode(b, x.shape, x.dtype, ctx))
+    hashes = {cache_hash(c) for pair in ends.values() for c in pair}
+    assert len(hashes) == 1 and ends["device"][0].cache.evictions > 0
+
+
+@pytest.mark.parametrize("name,kw", [("delta", {}), ("delta", {"cache_dtype": "float16"}),
                                      ("delta", {"cache_dtype": "bfloat16"}),
                                      ("delta-lowbits", {})])
 def test_state_dict_round_trip(name, kw):

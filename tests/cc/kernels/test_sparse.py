@@ -58,3 +58,32 @@ def test_the_codec_routes_to_the_kernels(monkeypatch):
     monkeypatch.setattr(sparse, "decompress", lambda *a: calls.append(1) or orig(*a))
     monkeypatch.setattr(dispatch, "enabled", lambda *t: True)
     assert torch.equal(codec.decompress(payload, 3000, 2), want) and calls == [1]
+
+
+@pytest.mark.parametrize("numel,random_ratio,topk_ratio,bits", [
+    (1000, 0.1, 0.2, 4),
+    (997, 0.1, 0.2, 2),          # the last subset position past the end
+    (513, 0.25, 1.0, 8),         # every sampled entry kept: no mask
+    (7, 0.1, 0.5, 4),            # fewer values than the stride
+    (300, 1.0, 0.3, 1),          # stride 1, and a mask of 300 bits: not whole 32-bit words
+    (5000, 0.5, 0.9, 4),         # a pad among the kept entries, several programs
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_compress_equals_the_eager_one(numel, random_ratio, topk_ratio, bits, dtype,
+                                       monkeypatch):
+    from megatron.cc.kernels import dispatch
+    monkeypatch.setattr(sparse, "SAMPLE_BLOCK", 64)
+    # absmax: the fitted scales' kernels sum in another order (tests/cc/kernels/test_fixpoint)
+    codec = get_codec("cocktail", random_ratio=random_ratio, topk_ratio=topk_ratio,
+                      bits=bits, seed=5, scheme="absmax")
+    g = torch.Generator().manual_seed(numel)
+    x = (torch.randn(numel, generator=g) * 3).to(dtype)
+    x[::7] = 0                                      # ties among the magnitudes
+    for step in range(codec.stride + 1):
+        want = codec.compress(x, step)              # CPU tensors: eager
+        with monkeypatch.context() as m:
+            m.setattr(dispatch, "enabled", lambda *t: True)
+            got = codec.compress(x, step)
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and torch.equal(a, b), step
