@@ -35,7 +35,7 @@ BUDGET = {
     "subspace k=10 4-bit": (13, 7, 1, 1),
     "DiLoCo int8 (pseudo-gradient)": (2, 2, 1, 1),
     "DiLoCo fp16 (pseudo-gradient)": (1, 1, 1, 1),
-    "SparseLoCo 1/64 of 4096, 2-bit (pseudo-gradient)": (14, 4, 8, 2),
+    "SparseLoCo 1/64 of 4096, 2-bit (pseudo-gradient)": (6, 3, 2, 2),
 }
 
 
@@ -53,7 +53,7 @@ CASES = _cases()
 @pytest.fixture(scope="module")
 def kernels_on():
     """Every kernel module interpreted, and the codecs routed to them as on CUDA."""
-    for name in ("fixpoint", "tah", "lowrank", "sparse"):   # imported per call by the codecs
+    for name in ("fixpoint", "tah", "lowrank", "sparse", "chunk_topk"):   # imported per call
         kernels(name)
     from megatron.cc.kernels import dispatch
     orig = dispatch.enabled

@@ -111,6 +111,23 @@ def test_cocktail_encode(topk_ratio, dtype, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+@pytest.mark.parametrize("density", [1 / 64, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_sparseloco_encode_decode(density, dtype, monkeypatch):
+    from megatron.cc.codecs.chunk_topk import ChunkTopKCodec
+    from megatron.cc.kernels import dispatch
+    codec = ChunkTopKCodec(density, 4096, 2, scheme="absmax")
+    x = sample((300_001,), dtype, seed=5)
+    got = codec.compress(x)
+    dec = codec.decompress(got, x.numel(), dtype=dtype)
+    with monkeypatch.context() as m:
+        m.setattr(dispatch, "enabled", lambda *t: False)
+        want = codec.compress(x)
+        ref = codec.decompress(got, x.numel(), dtype=dtype)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(dec.view(torch.uint8), ref.view(torch.uint8))
+
+
 def test_lowrank_decode_product():
     from megatron.cc.kernels import group_sums, lowrank
     p = torch.randn(8192, 16, device=DEV).to(torch.bfloat16)

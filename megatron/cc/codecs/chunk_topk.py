@@ -8,6 +8,8 @@ entries: their positions in ascending order, i = ceil(log2 C) bits each, and the
 Payload, fixed by n: [indices uint8 (ceil(m*k*i/8),), codes uint8 (ceil(m*k*bits/8),),
 scales fp16 (m,)]; at k = C no indices are sent. Decompression gives the dense flat tensor;
 the sender decodes its own payload to learn what it sent (error feedback). No host syncs.
+On CUDA the magnitudes, the gather with the position stream, and the decode run as kernels
+(megatron/cc/kernels/chunk_topk.py).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 
 from . import fused
 from .base import StepCodec, parse_dtype
+from megatron.cc.kernels import dispatch
 from megatron.cc.numerics.quant import pack_bits, packed_nbytes, quantize
 from megatron.cc.numerics.rng import DeviceGenerator
 
@@ -92,13 +95,17 @@ class ChunkTopKCodec(StepCodec):
 
     # -------------------------------------------------------------------------- codec
     def compress(self, x: torch.Tensor, step: int = 0) -> list[torch.Tensor]:
-        flat = x.reshape(-1).float()
+        flat = x.reshape(-1)
         n, m, k = flat.numel(), self.chunks(flat.numel()), self.k
         gen = None if self.rng is None else self.rng.get(flat.device)
         if self.dense():
-            vals = torch.nn.functional.pad(flat, (0, m * self.C - n))
+            vals = torch.nn.functional.pad(flat.float(), (0, m * self.C - n))
             idx = torch.empty(0, dtype=torch.uint8, device=flat.device)
+        elif n and fused.enabled(flat):
+            from megatron.cc.kernels import chunk_topk
+            idx, vals = chunk_topk.compress(self, flat)
         else:
+            flat = flat.float()
             # |x| written straight into the padded buffer; pads (-1) lose to every real entry
             mag = torch.full((m * self.C,), -1.0, device=flat.device)
             torch.abs(flat, out=mag[:n])
@@ -120,6 +127,9 @@ class ChunkTopKCodec(StepCodec):
 
     def decompress(self, payload: list[torch.Tensor], numel: int, step: int = 0,
                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if fused.enabled(payload[1]) and dtype in dispatch.OUT_KIND:
+            from megatron.cc.kernels import chunk_topk
+            return chunk_topk.decompress(self, payload, numel, dtype)
         m, k = self.chunks(numel), self.k
         device = payload[1].device
         vals = fused.decode(payload[1], payload[2], self.bits, (m * k,), "bucket", k,

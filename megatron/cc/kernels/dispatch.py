@@ -39,3 +39,8 @@ def cdiv(a: int, b: int) -> int:
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def read_width(bits: int) -> int:
+    """Bytes primitives.read_bits loads per value of `bits` bits (its NB)."""
+    return next_pow2(cdiv(bits + 7, 8))

@@ -107,6 +107,18 @@ def pack_groups(v, BITS: tl.constexpr, BP: tl.constexpr):
 
 
 @triton.jit
+def read_bits(p_ptr, start, ok, NBYTES, WIDTH: tl.constexpr, NB: tl.constexpr):
+    """The WIDTH-bit unsigned ints at bit offsets `start` (int64) of a little-endian bit stream
+    of NBYTES bytes (quant.pack_bits' layout: code r of b bits starts at bit r b), WIDTH <= 57;
+    NB = next_pow2(ceil((WIDTH + 7) / 8)) bytes are read per value. 0 where not ok."""
+    k = tl.arange(0, NB)
+    addr = (start // 8)[:, None] + k[None, :]
+    byte = tl.load(p_ptr + addr, mask=ok[:, None] & (addr < NBYTES), other=0)
+    word = tl.sum(byte.to(tl.uint64) << (k * 8).to(tl.uint64)[None, :], axis=1)
+    return (word >> (start % 8).to(tl.uint64)) & ((1 << WIDTH) - 1)
+
+
+@triton.jit
 def round_down_half_bits(v):
     """tah._round_down16: fp32 -> float16 rounded toward -inf (saturating at -65504), as a
     bit pattern (int32 in 0..0xFFFF)."""

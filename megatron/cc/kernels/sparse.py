@@ -21,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import LAUNCH, OUT_KIND, cdiv, next_pow2
+from .dispatch import LAUNCH, OUT_KIND, cdiv, next_pow2, read_width
 from .fixpoint import grids_of, signed_grid, step_grid
-from .primitives import scale_value, store_as
+from .primitives import read_bits, scale_value, store_as
 
 BLOCK = 512          # subset positions per program (a multiple of 8: whole mask bytes)
 SAMPLE_BLOCK = 1024  # subset positions (or kept values) per program of the compress kernels
@@ -102,17 +102,6 @@ def _block_bases_kernel(counts_ptr, base_ptr, NBLK, CH: tl.constexpr):
 
 
 @triton.jit
-def _code_at(p_ptr, r, ok, NBYTES, BITS: tl.constexpr, BP: tl.constexpr):
-    """Code r of a quant.pack_bits stream (groups of 8 codes in BITS little-endian bytes)."""
-    k = tl.arange(0, BP)
-    addr = (r // 8)[:, None] * BITS + k[None, :]
-    byte = tl.load(p_ptr + addr, mask=ok[:, None] & (k[None, :] < BITS) & (addr < NBYTES),
-                   other=0)
-    word = tl.sum(byte.to(tl.uint64) << (k * 8).to(tl.uint64)[None, :], axis=1)
-    return (word >> ((r % 8) * BITS).to(tl.uint64)) & ((1 << BITS) - 1)
-
-
-@triton.jit
 def _scatter_kernel(mask_ptr, base_ptr, codes_ptr, s_ptr, out_ptr, NUMEL, N_RAND, K, OFFSET,
                     STRIDE, CODE_BYTES, BUCKET, C0, LPS, C0T, LPST,
                     MASK: tl.constexpr, BITS: tl.constexpr, BP: tl.constexpr,
@@ -129,7 +118,7 @@ def _scatter_kernel(mask_ptr, base_ptr, codes_ptr, s_ptr, out_ptr, NUMEL, N_RAND
     else:                # every sampled entry kept, in order
         rank = i
         keep = inb
-    code = _code_at(codes_ptr, rank, keep, CODE_BYTES, BITS, BP)
+    code = read_bits(codes_ptr, rank * BITS, keep, CODE_BYTES, BITS, BP)
     s = scale_value(tl.load(s_ptr + rank // BUCKET, mask=keep, other=0), BF16)
     c0, step = step_grid(s, C0, LPS, C0T, LPST, SIGNED)
     val = tl.where(keep, (code.to(tl.float32) - c0) * step, 0.0)
@@ -165,7 +154,7 @@ def decompress(codec, payload, numel: int, step: int, dtype) -> torch.Tensor:
         payload[0] if masked else codes, base, codes, scales.view(torch.int16),
         out if kind < 2 else out.view(torch.int16), numel, n_rand, k,
         (codec.seed + step) % codec.stride, codec.stride, codes.numel(), codec.bucket_size,
-        c0, lps, c0t, lpst, MASK=masked, BITS=codec.bits, BP=next_pow2(codec.bits),
+        c0, lps, c0t, lpst, MASK=masked, BITS=codec.bits, BP=read_width(codec.bits),
         BF16=scales.dtype == torch.bfloat16, SIGNED=signed_grid(codec.bits, codec.scheme),
         OUT=kind, BLOCK=BLOCK, SP=next_pow2(codec.stride), **LAUNCH)
     return out

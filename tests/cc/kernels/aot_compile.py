@@ -12,7 +12,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from megatron.cc.kernels import delta, fixpoint, group_sums, lowrank, sparse, tah
+from megatron.cc.kernels import chunk_topk, delta, fixpoint, group_sums, lowrank, sparse, tah
 from megatron.training.loop import cross_entropy_kernels as ce
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -143,6 +143,20 @@ SPECS = {
     "sparse.keep": (sparse._keep_kernel,
                     dict(vals_ptr="*fp32", keep_ptr="*i64", kept_ptr="*fp32", words_ptr="*i32",
                          K=I), dict(BLOCK=sparse.SAMPLE_BLOCK)),
+    "chunk_topk.magnitude[bf16]": (chunk_topk._magnitude_kernel,
+                                   dict(x_ptr="*bf16", mag_ptr="*fp32", NUMEL=I, TOTAL=I),
+                                   dict(BLOCK=chunk_topk.BLOCK)),
+    "chunk_topk.gather_pack[12b]": (chunk_topk._gather_pack_kernel,
+                                    dict(x_ptr="*bf16", keep_ptr="*i64", vals_ptr="*fp32",
+                                         idx_ptr="*u8", NUMEL=I, NKEEP=I, K=I, C=I,
+                                         IDX_BYTES=I), dict(IBITS=12, BLOCK=chunk_topk.BLOCK)),
+    "chunk_topk.scatter[2b,bf16]": (chunk_topk._scatter_kernel,
+                                    dict(idx_ptr="*u8", codes_ptr="*u8", s_ptr="*i16",
+                                         out_ptr="*i16", NUMEL=I, NKEEP=I, K=I, C=I,
+                                         IDX_BYTES=I, CODE_BYTES=I, C0=F, LPS=F, C0T=F,
+                                         LPST=F),
+                                    dict(DENSE=False, IBITS=12, IB=4, BITS=2, BP=2, BF16=False,
+                                         SIGNED=True, OUT=2, BLOCK=chunk_topk.BLOCK)),
     "sparse.mask_counts": (sparse._mask_counts_kernel,
                            dict(mask_ptr="*u8", counts_ptr="*i32", NBYTES=I),
                            dict(BB=sparse.BLOCK // 8)),
@@ -154,7 +168,7 @@ SPECS = {
                                      s_ptr="*i16", out_ptr="*i16", NUMEL=I, N_RAND=I, K=I,
                                      OFFSET=I, STRIDE=I, CODE_BYTES=I, BUCKET=I, C0=F, LPS=F,
                                      C0T=F, LPST=F),
-                                dict(MASK=True, BITS=4, BP=4, BF16=False, SIGNED=True, OUT=2,
+                                dict(MASK=True, BITS=4, BP=2, BF16=False, SIGNED=True, OUT=2,
                                      BLOCK=sparse.BLOCK, SP=16)),
     "loss.forward[bf16]": (ce._forward_kernel, dict(x_ptr="*bf16", labels_ptr="*i64",
                                                     loss_ptr="*fp32", max_ptr="*fp32",
