@@ -1,9 +1,10 @@
 """TAH-Quant codec (codecs/tah.py) on kernels: the tile transform and the payload packing.
 
 encode: _entropy_kernel computes every token's entropy in one pass over the message (their
-order, which picks the high-precision tokens, is sorted eagerly); _tiles_kernel reads the
-message itself and does each tile's outlier test, pivot swap + Hadamard, fp16 zero and scale,
-codes and flag / pivot bits, and _pack_rows_kernel packs the high and the low tokens' codes.
+order, which picks the high-precision tokens, is sorted eagerly), _split_kernel packs the token
+map and orders the tokens high first (one program); _tiles_kernel reads the message itself
+and does each tile's outlier test, pivot swap + Hadamard, fp16 zero and scale, codes and
+flag / pivot bits, and _pack_rows_kernel packs the high and the low tokens' codes.
 decode: _ranks_kernel turns the token map into each token's row among its kind (one program);
 _decode_kernel reads each tile's flag, pivot and codes, dequantises and inverts the transform.
 Payload bytes and decodes are bit-identical to TahCodec's.
@@ -17,13 +18,13 @@ import triton
 import triton.language as tl
 
 from .dispatch import LAUNCH, OUT_KIND, cdiv, next_pow2
-from .fixpoint import pack as pack_bits
 from .primitives import (fwht, half_value, pack_groups, round_down_half_bits,
                          round_half_even, store_as, store_scale_bits)
 
 TILE_BLOCK = 2048     # values per program (a multiple of 8 tiles: flag / pivot bytes are whole)
 CODE_BLOCK = 256      # 8-code groups per program in the row packer
 RANK_CHUNK = 1024     # tokens per step of the token-map scan
+SPLIT_CHUNK = 1024    # tokens per step of the encode's split (a multiple of 8: whole bytes)
 
 
 @triton.jit
@@ -48,6 +49,23 @@ def _entropy_kernel(x_ptr, out_ptr, C, TINY, BLOCK: tl.constexpr):
     total = tl.sum(s, axis=0)
     h = tl.log(total) - tl.math.div_rn(tl.sum(alog, axis=0), total)
     tl.store(out_ptr + row, tl.where(total > 0, h, 0.0))
+
+
+@triton.jit
+def _split_kernel(high_ptr, bits_ptr, order_ptr, T, K, NBYTES, CH: tl.constexpr):
+    """From the token map (uint8 0 / 1, K ones): its 1-bit packing, and the split order (the
+    high tokens in index order, then the low ones: tah._split_order), in one program."""
+    before = tl.zeros((), tl.int32)                   # high tokens before this chunk
+    for c in range(tl.cdiv(T, CH)):
+        i = c * CH + tl.arange(0, CH)
+        m = i < T
+        h = tl.load(high_ptr + i, mask=m, other=0).to(tl.int32)
+        run = before + tl.cumsum(h, axis=0) - h       # high tokens before token i
+        tl.store(order_ptr + tl.where(h == 1, run, K + i - run), i.to(tl.int64), mask=m)
+        byte = tl.sum(tl.reshape(h, (CH // 8, 8)) << tl.arange(0, 8)[None, :], axis=1)
+        b = c * (CH // 8) + tl.arange(0, CH // 8)
+        tl.store(bits_ptr + b, byte.to(tl.uint8), mask=b < NBYTES)
+        before += tl.sum(h, axis=0)
 
 
 @triton.jit
@@ -198,16 +216,21 @@ def encode(codec, x: torch.Tensor) -> list[torch.Tensor]:
     tokens whose entropies tie to rounding may swap precision against the eager encode."""
     T, c, cp, nt, k = codec._dims(x.shape)
     X = x.reshape(T, c).contiguous()                  # the tiles kernel pads as it reads
-    high, order = codec.rank(entropies(X))
+    # tah.rank_tokens with the map as uint8, its packing and split order by one kernel
+    by_entropy = torch.sort(entropies(X), descending=True, stable=True).indices
+    high = torch.zeros(T, dtype=torch.uint8, device=x.device).index_fill_(0, by_entropy[:k], 1)
     n = codec.nbytes(x.shape)
     payload = torch.empty(n, dtype=torch.uint8, device=x.device)
     off = _offsets(codec, x.shape)
-    payload[off[1]:off[2]] = pack_bits(high, 1)
+    order = torch.empty(T, dtype=torch.long, device=x.device)
+    if T:
+        _split_kernel[(1,)](high, payload[off[1]:], order, T, k, off[2] - off[1], CH=SPLIT_CHUNK,
+                            **LAUNCH)
     codes = torch.empty(T, cp, dtype=torch.uint8, device=x.device)
     t, pb = codec.t, codec.pivot_bits
     tb = max(8, TILE_BLOCK // t)
     _tiles_kernel[(cdiv(T * nt, tb),)](
-        X, high.to(torch.uint8), codes, payload[:off[1]].view(torch.int16), payload[off[2]:],
+        X, high, codes, payload[:off[1]].view(torch.int16), payload[off[2]:],
         payload[off[3]:], T * nt, nt, c, float(codec.outlier_factor), 1.0 / math.sqrt(t),
         float(2 ** codec.high_bits - 1), float(2 ** codec.low_bits - 1), off[3] - off[2],
         off[4] - off[3], T=t, LOGT=pb, PB=pb, PBP=next_pow2(pb), TB=tb, **LAUNCH)

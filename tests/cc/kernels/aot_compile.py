@@ -101,6 +101,8 @@ SPECS = {
                              dict(BN=lowrank.EXPAND_ROWS, BM=lowrank.EXPAND_COLS, OUT=2)),
     "tah.entropy[bf16]": (tah._entropy_kernel, dict(x_ptr="*bf16", out_ptr="*fp32", C=I,
                                                     TINY=F), dict(BLOCK=1024)),
+    "tah.split": (tah._split_kernel, dict(high_ptr="*u8", bits_ptr="*u8", order_ptr="*i64",
+                                          T=I, K=I, NBYTES=I), dict(CH=tah.SPLIT_CHUNK)),
     "tah.tiles[t64]": tah_tiles(64),
     "tah.tiles[t2]": tah_tiles(2),
     "tah.pack_rows[3b]": tah_pack_rows(),

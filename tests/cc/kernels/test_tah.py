@@ -29,6 +29,7 @@ def spiky(shape, dtype, seed):
                          ids=[f"t{c[0]}-{c[1]}/{c[2]}b-r{c[3]}" for c in CASES])
 def test_encode_decode_bit_identical(t, hb, lb, ratio, shape, dtype, monkeypatch):
     monkeypatch.setattr(kt, "RANK_CHUNK", 4)    # the token-map scan in several steps
+    monkeypatch.setattr(kt, "SPLIT_CHUNK", 8)   # and the encode's split
     codec = get_codec("tah", tile_size=t, high_bits=hb, low_bits=lb, high_ratio=ratio)
     x = spiky(shape, dtype, seed=t)
     ref = codec.encode(x)
