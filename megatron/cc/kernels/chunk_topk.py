@@ -73,6 +73,7 @@ def _scatter_kernel(idx_ptr, codes_ptr, s_ptr, out_ptr, NUMEL, NKEEP, K, C, IDX_
 def compress(codec, flat: torch.Tensor):
     """(position stream, kept values in fp32 (m * k,)) of ChunkTopKCodec.compress for a flat
     message of any float dtype (k < C)."""
+    flat = flat.contiguous()
     n, m, k, c = flat.numel(), codec.chunks(flat.numel()), codec.k, codec.C
     mag = torch.empty(m * c, dtype=torch.float32, device=flat.device)
     _magnitude_kernel[(cdiv(m * c, BLOCK),)](flat, mag, n, m * c, BLOCK=BLOCK, **LAUNCH)

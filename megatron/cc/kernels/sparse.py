@@ -8,12 +8,12 @@ whose little-endian bytes are quant.pack_bits' 1-bit layout). The same payload b
 eager compress.
 
 Decompress: the j-th set bit of the mask holds kept value j, so a kept entry's value index is
-the count of set bits before it. Per block of BLOCK subset positions: its set bits (`_mask_counts_kernel`),
-their exclusive running sum (`_block_bases_kernel`, one program), then every block at once
-(`_scatter_kernel`): its bits' running count from the block's base, the b-bit code and scale of
-that value, and the block's whole stretch of the dense output (value or zero), so the output
-needs no zero fill of its own. Bit-identical to the eager decompress, a malformed mask's
-clamped value index included.
+the count of set bits before it. Per block of BLOCK subset positions: its set bits
+(`_mask_counts_kernel`), their exclusive running sum (`_block_bases_kernel`, one program), then
+every block at once (`_scatter_kernel`): its bits' running count from the block's base, the
+b-bit code and scale of that value, and the block's whole stretch of the dense output (value or
+zero), so the output needs no zero fill of its own. Bit-identical to the eager decompress, a
+malformed mask's clamped value index included.
 """
 from __future__ import annotations
 
@@ -59,6 +59,7 @@ def _keep_kernel(vals_ptr, keep_ptr, kept_ptr, words_ptr, K, BLOCK: tl.constexpr
 def sample(codec, flat: torch.Tensor, step: int, need_mag: bool):
     """(vals, mag) of CocktailCodec.compress: the rolling subset of flat in fp32, and its
     magnitudes with -1 at pads (None unless need_mag)."""
+    flat = flat.contiguous()
     n_rand, _ = codec.sizes(flat.numel())
     buf = torch.empty((2 if need_mag else 1, n_rand), dtype=torch.float32, device=flat.device)
     if n_rand:

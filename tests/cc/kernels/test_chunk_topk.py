@@ -63,3 +63,13 @@ def test_the_codec_routes_to_the_kernels(monkeypatch):
     assert calls == ["compress", "decompress"]
     assert torch.equal(got, codec.decompress(payload, 500))     # eager, same payload
     assert torch.equal(payload[0], codec.compress(x)[0])       # the same positions
+
+
+def test_compress_of_a_strided_view(monkeypatch):
+    """A 1-D view with stride 2 (reshape(-1) keeps it a view): the kernels read its values."""
+    from megatron.cc.kernels import dispatch
+    codec = ChunkTopKCodec(0.25, 16, 4, scheme="absmax")
+    x = _x(1000, torch.float32)[::2]
+    want = codec.compress(x)
+    monkeypatch.setattr(dispatch, "enabled", lambda *t: True)
+    assert all(torch.equal(a, b) for a, b in zip(codec.compress(x), want))

@@ -87,3 +87,13 @@ def test_compress_equals_the_eager_one(numel, random_ratio, topk_ratio, bits, dt
         assert len(got) == len(want)
         for a, b in zip(got, want):
             assert a.dtype == b.dtype and torch.equal(a, b), step
+
+
+def test_compress_of_a_strided_view(monkeypatch):
+    """A 1-D view with stride 2 (reshape(-1) keeps it a view): the kernels read its values."""
+    from megatron.cc.kernels import dispatch
+    codec = get_codec("cocktail", random_ratio=0.25, topk_ratio=0.5, scheme="absmax")
+    x = torch.randn(2000, generator=torch.Generator().manual_seed(1))[::2]
+    want = codec.compress(x, 1)
+    monkeypatch.setattr(dispatch, "enabled", lambda *t: True)
+    assert all(torch.equal(a, b) for a, b in zip(codec.compress(x, 1), want))
