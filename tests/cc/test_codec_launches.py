@@ -16,7 +16,7 @@ from tests.cc.launches import count
 
 SHAPE = (16, 2, 64)
 BUCKET = 4096
-SETS = 4
+SETS = 2
 
 # label: (encode launches, encode passes, decode launches, decode passes)
 BUDGET = {
