@@ -128,6 +128,26 @@ def test_sparseloco_encode_decode(density, dtype, monkeypatch):
     assert torch.equal(dec.view(torch.uint8), ref.view(torch.uint8))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_lowrank_finish(dtype):
+    from megatron.cc.kernels import lowrank
+    p, q, q_old = (sample(s, seed=i) for i, s in enumerate([(8192, 16), (1920, 16), (1920, 16)]))
+    q[:, 3] = 0
+    dead = torch.linalg.vector_norm(q, dim=0) == 0
+    q_ref = torch.where(dead, q_old, q)
+    got = lowrank.finish(p, q, q_old, dtype)
+    want = (p.to(dtype), q_ref.to(dtype), p.to(dtype).float(), q_ref.to(dtype).float())
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and torch.equal(q, q_ref)
+
+
+def test_lowrank_residual():
+    from megatron.cc.kernels import lowrank
+    p, q = sample((8192, 16), torch.bfloat16, seed=1), sample((1920, 16), torch.bfloat16, seed=2)
+    mat = sample((8192, 1920), seed=3)
+    want = mat - lowrank.low_rank_product(p, q, (8192, 1920), torch.float32)
+    assert torch.equal(lowrank.low_rank_residual(mat, p, q, out=mat), want)
+
+
 def test_lowrank_decode_product():
     from megatron.cc.kernels import group_sums, lowrank
     p = torch.randn(8192, 16, device=DEV).to(torch.bfloat16)

@@ -138,11 +138,16 @@ class LowRankCodec(Codec):
                 P = orthogonalize_(M @ Q, self.eps)
                 Q = M.t() @ P
             # a column that came out zero keeps its old value (a select: no host sync)
-            dead = torch.linalg.vector_norm(Q, dim=0) == 0
-            Q = torch.where(dead, q_old, Q)
+            if self._fused_finish(P, Q, q_old, pd):
+                from megatron.cc.kernels import lowrank as fused_lowrank
+                p_pd, q_pd, *sent = fused_lowrank.finish(P, Q, q_old, pd)
+                payload = [p_pd, q_pd]
+            else:
+                dead = torch.linalg.vector_norm(Q, dim=0) == 0
+                Q = torch.where(dead, q_old, Q)
+                payload = [P.to(pd), Q.to(pd)]
+                sent = (payload[0].float(), payload[1].float())
             self.qs[key] = Q
-            payload = [P.to(pd), Q.to(pd)]
-            sent = (payload[0].float(), payload[1].float())
         if self.error_feedback:
             P_s, Q_s = sent
             # E = M - M_hat, with M_hat rebuilt from what was sent (as the receiver does); in
@@ -153,6 +158,14 @@ class LowRankCodec(Codec):
                 self.errors[key] = (M.addmm_(P_s, Q_s.t(), alpha=-1) if own
                                     else torch.addmm(M, P_s, Q_s.t(), alpha=-1))
         return payload
+
+    @staticmethod
+    def _fused_finish(P, Q, q_old, pd) -> bool:
+        """kernels/lowrank.finish serves these: CUDA fp32 contiguous factors, a 16-bit
+        payload (an fp32 payload is P and Q themselves: nothing to cast)."""
+        from megatron.cc.kernels import dispatch
+        return (pd in (torch.float16, torch.bfloat16) and dispatch.enabled(P, Q, q_old)
+                and all(t.dtype == torch.float32 and t.is_contiguous() for t in (P, Q, q_old)))
 
     def pass_through(self, x, ctx=None):
         key = shape_key(x.shape)

@@ -84,6 +84,13 @@ class RandomizedSVDCodec(LowRankCodec):
             omega, = self._gaussian.draw([(m, self.rank)], M, message_seed(self.seed, it, mb))
             P, B = range_and_coefficients(M, omega, self.power_iters - 1, self.eps)
             payload = [P.to(pd), B.to(pd)]
+            from megatron.cc.kernels import dispatch
+            if self.error_feedback and dispatch.enabled(M) and M.is_contiguous():
+                # M - what the receiver rebuilds, in one pass (the same fp32 sums)
+                from megatron.cc.kernels import lowrank as fused_lowrank
+                self.errors[key] = fused_lowrank.low_rank_residual(M, *payload,
+                                                                   out=M if own else None)
+                return payload
             sent = self.decode(payload, (n, m), torch.float32)   # as the receiver rebuilds it
         if self.error_feedback:
             self.errors[key] = M.sub_(sent) if own else M - sent

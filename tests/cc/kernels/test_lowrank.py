@@ -73,3 +73,72 @@ def test_codec_decode_routes_to_the_kernel(monkeypatch):
     got = codec.decode(payload, x.shape, torch.bfloat16)
     want = group_sums.low_rank_product(*payload).to(torch.bfloat16).view(x.shape)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("n,m,r", [(300, 700, 16), (37, 5, 3)])
+def test_finish_equals_the_eager_steps(n, m, r, dtype, monkeypatch):
+    """A dead (all-zero) column of Q takes q_old's; a column of tiny values is not dead; P and
+    Q cast as torch casts them (fp16's overflow and bf16's ties included: NaN's bits differ
+    between torch's CPU and CUDA casts), over several programs."""
+    monkeypatch.setattr(kl, "FINISH_ROWS", 64)
+    p, q, q_old = matrix(n, r, seed=7), matrix(m, r, seed=8) * 300, matrix(m, r, seed=9)
+    q[:, 0] = 0
+    q[:, -1] = 1e-18 * torch.arange(m)               # squares still normal in fp32
+    p[0, 0] = 1e6
+    p[1, 0] = 1 + 2 ** -8                            # a tie on bf16's grid
+    q_in = q.clone()
+    dead = torch.linalg.vector_norm(q, dim=0) == 0
+    q_ref = torch.where(dead, q_old, q)
+    got = kl.finish(p, q, q_old, dtype)
+    want = (p.to(dtype), q_ref.to(dtype), p.to(dtype).float(), q_ref.to(dtype).float())
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    assert torch.equal(q, q_ref) and not torch.equal(q, q_in)
+    assert dead.tolist()[0] and not dead.tolist()[-1]
+
+
+def test_codec_encode_routes_the_payload_through_finish(monkeypatch):
+    from megatron.cc.codecs import get_codec
+    from megatron.cc.kernels import dispatch
+    calls = []
+    orig = kl.finish
+    monkeypatch.setattr(kl, "finish", lambda *a: calls.append(a[3]) or orig(*a))
+    codec = get_codec("lowrank", rank=4, error_feedback=True)
+    x = matrix(64, 48, seed=10).to(torch.bfloat16)
+    monkeypatch.setattr(dispatch, "enabled", lambda *t: True)
+    payload = codec.encode(x)
+    assert calls == [torch.bfloat16] and [t.dtype for t in payload] == [torch.bfloat16] * 2
+    assert torch.equal(codec.qs[lowrank.shape_key(x.shape)].to(torch.bfloat16), payload[1])
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_residual_is_the_matrix_minus_the_decode(inplace):
+    """low_rank_residual = mat - low_rank_product(P, Q) in fp32, bit for bit (one rounding of
+    each difference), in place or not."""
+    p, q = matrix(130, 7, seed=11).bfloat16(), matrix(150, 7, seed=12).bfloat16()
+    mat = matrix(130, 150, seed=13)
+    want = mat - kl.low_rank_product(p, q, (130, 150), torch.float32)
+    src = mat.clone()
+    got = kl.low_rank_residual(src, p, q, out=src if inplace else None)
+    assert torch.equal(got, want) and (got is src) == inplace
+    assert torch.equal(src, want if inplace else mat)
+
+
+def test_rsvd_error_feedback_routes_to_the_residual(monkeypatch):
+    """The randomized SVD's LEP error on the kernels: M minus what the receiver rebuilds."""
+    from megatron.cc.codecs import get_codec
+    from megatron.cc.kernels import dispatch
+    x = matrix(96, 80, seed=14).to(torch.bfloat16)
+    ref = get_codec("rsvd", rank=4, error_feedback=True)
+    ref.encode(x)                                             # eager: M - decode(payload)
+    calls = []
+    orig = kl.low_rank_residual
+    monkeypatch.setattr(kl, "low_rank_residual", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    codec = get_codec("rsvd", rank=4, error_feedback=True)
+    monkeypatch.setattr(dispatch, "enabled", lambda *t: True)
+    payload = codec.encode(x)
+    key = lowrank.shape_key(x.shape)
+    rebuilt = kl.low_rank_product(*payload, (96, 80), torch.float32)
+    assert calls == [1] and torch.equal(codec.errors[key], x.float() - rebuilt)
+    assert torch.allclose(codec.errors[key], ref.errors[key], atol=1e-2)
