@@ -30,7 +30,7 @@ BUDGET = {
     "rsvd r=16 (CB, LEP)": (8, 4, 1, 1),
     "delta 4-bit (device cache)": (16, 8, 3, 1),
     "delta-lowbits 4/8 (device cache)": (23, 13, 10, 6),
-    "tah t=64 4/3-bit": (8, 4, 2, 1),
+    "tah t=64 4/3-bit": (6, 4, 2, 1),
     "cocktail 0.1/0.2 4-bit": (7, 1, 3, 1),
     "subspace k=10 4-bit": (13, 7, 1, 1),
     "DiLoCo int8 (pseudo-gradient)": (2, 2, 1, 1),

@@ -1,8 +1,8 @@
 """TAH-Quant codec (codecs/tah.py) on kernels: the tile transform and the payload packing.
 
 encode: _entropy_kernel computes every token's entropy in one pass over the message (their
-order, which picks the high-precision tokens, is sorted eagerly), _split_kernel packs the token
-map and orders the tokens high first (one program); _tiles_kernel reads the message itself
+order, which picks the high-precision tokens, is sorted eagerly), _split_kernel writes the token
+map, packs it and orders the tokens high first (one program); _tiles_kernel reads the message itself
 and does each tile's outlier test, pivot swap + Hadamard, fp16 zero and scale, codes and
 flag / pivot bits, and _pack_rows_kernel packs the high and the low tokens' codes.
 decode: _ranks_kernel turns the token map into each token's row among its kind (one program);
@@ -52,9 +52,19 @@ def _entropy_kernel(x_ptr, out_ptr, C, TINY, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _split_kernel(high_ptr, bits_ptr, order_ptr, T, K, NBYTES, CH: tl.constexpr):
-    """From the token map (uint8 0 / 1, K ones): its 1-bit packing, and the split order (the
-    high tokens in index order, then the low ones: tah._split_order), in one program."""
+def _split_kernel(rank_ptr, high_ptr, bits_ptr, order_ptr, T, K, NBYTES, CH: tl.constexpr):
+    """The token map (uint8: 1 at the tokens rank[:K], the K of highest entropy), its 1-bit
+    packing, and the split order (the high tokens in index order, then the low ones:
+    tah._split_order), in one program."""
+    for c in range(tl.cdiv(T, CH)):
+        i = c * CH + tl.arange(0, CH)
+        tl.store(high_ptr + i, tl.zeros((CH,), tl.uint8), mask=i < T)
+    tl.debug_barrier()                                # the zeros before the ones
+    for c in range(tl.cdiv(K, CH)):
+        j = c * CH + tl.arange(0, CH)
+        tok = tl.load(rank_ptr + j, mask=j < K, other=0)
+        tl.store(high_ptr + tok, tl.full((CH,), 1, tl.uint8), mask=j < K)
+    tl.debug_barrier()                                # the whole map before it is read
     before = tl.zeros((), tl.int32)                   # high tokens before this chunk
     for c in range(tl.cdiv(T, CH)):
         i = c * CH + tl.arange(0, CH)
@@ -216,16 +226,16 @@ def encode(codec, x: torch.Tensor) -> list[torch.Tensor]:
     tokens whose entropies tie to rounding may swap precision against the eager encode."""
     T, c, cp, nt, k = codec._dims(x.shape)
     X = x.reshape(T, c).contiguous()                  # the tiles kernel pads as it reads
-    # tah.rank_tokens with the map as uint8, its packing and split order by one kernel
+    # tah.rank_tokens: the map as uint8, its packing and the split order by one kernel
     by_entropy = torch.sort(entropies(X), descending=True, stable=True).indices
-    high = torch.zeros(T, dtype=torch.uint8, device=x.device).index_fill_(0, by_entropy[:k], 1)
+    high = torch.empty(T, dtype=torch.uint8, device=x.device)
     n = codec.nbytes(x.shape)
     payload = torch.empty(n, dtype=torch.uint8, device=x.device)
     off = _offsets(codec, x.shape)
     order = torch.empty(T, dtype=torch.long, device=x.device)
     if T:
-        _split_kernel[(1,)](high, payload[off[1]:], order, T, k, off[2] - off[1], CH=SPLIT_CHUNK,
-                            **LAUNCH)
+        _split_kernel[(1,)](by_entropy, high, payload[off[1]:], order, T, k, off[2] - off[1],
+                            CH=SPLIT_CHUNK, **LAUNCH)
     codes = torch.empty(T, cp, dtype=torch.uint8, device=x.device)
     t, pb = codec.t, codec.pivot_bits
     tb = max(8, TILE_BLOCK // t)
