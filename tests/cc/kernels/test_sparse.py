@@ -1,7 +1,8 @@
-"""CocktailSGD's decompress on kernels (megatron/cc/kernels/sparse.py) under Triton's
-interpreter: bit-identical to the eager decompress for masked and unmasked payloads, every
-rolling offset, a tail shorter than the stride, the output dtypes, several blocks (and running
-sum steps), and a malformed mask whose extra bits the eager code clamps."""
+"""CocktailSGD on kernels (megatron/cc/kernels/sparse.py) under Triton's interpreter: compress
+gives the eager payload and decompress the eager tensor, bit for bit, for masked and unmasked
+payloads, every rolling offset, a tail shorter than the stride, the output dtypes, several
+blocks (and running sum steps), a strided input, and a malformed mask whose extra bits the
+eager code clamps."""
 import pytest
 import torch
 
