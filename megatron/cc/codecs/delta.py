@@ -213,9 +213,9 @@ class ActivationCache:
             return None
         return slots.to(self.device, non_blocking=True)
 
-    def _rows(self, slots: torch.Tensor, cols: slice) -> torch.Tensor:
-        """(B, width) uint8: the bytes `cols` of these slots' rows, contiguous, on `device`."""
-        here = self._gather_slots(slots)
+    def _rows(self, slots: torch.Tensor, here, cols: slice) -> torch.Tensor:
+        """(B, width) uint8: the bytes `cols` of these slots' rows, contiguous, on `device`;
+        here: _gather_slots(slots)."""
         if here is not None:
             return self.data[:, cols].index_select(0, here)
         part = self.data[:, cols]
@@ -224,8 +224,7 @@ class ActivationCache:
             rows[i].copy_(part[slot], non_blocking=True)
         return rows
 
-    def _store_rows(self, slots: torch.Tensor, cols: slice, rows: torch.Tensor) -> None:
-        here = self._gather_slots(slots)
+    def _store_rows(self, slots: torch.Tensor, here, cols: slice, rows: torch.Tensor) -> None:
         if here is not None:
             self.data[:, cols].index_copy_(0, here, rows)
             return
@@ -235,12 +234,13 @@ class ActivationCache:
     def read(self, slots: torch.Tensor) -> torch.Tensor:
         """(B, S, H) float32 values of these slots, on `device`."""
         b, (s, h) = len(slots), self.sample_shape
+        here = self._gather_slots(slots)
         if self.bits is None:
-            rows = self._rows(slots, slice(None))
+            rows = self._rows(slots, here, slice(None))
             return rows.view(self.dtype).reshape(b, s, h).float()
         ncode = self.slot_bytes - 2 * h
-        codes = self._rows(slots, slice(0, ncode)).reshape(-1)
-        scales = self._rows(slots, slice(ncode, None)).view(torch.float16).reshape(-1)
+        codes = self._rows(slots, here, slice(0, ncode)).reshape(-1)
+        scales = self._rows(slots, here, slice(ncode, None)).view(torch.float16).reshape(-1)
         if (s * h) % 8 == 0:   # no padding between samples: one stream
             # stored channel-major: (B, H, S), one scale per (sample, channel) row
             x = fused.decode(codes, scales, self.bits, (b, h, s), "tile", s, torch.float32,
@@ -258,7 +258,7 @@ class ActivationCache:
             if self.dtype == torch.float16:  # saturate: an inf cached would poison every delta
                 values = values.clamp(-FP16_MAX, FP16_MAX)
             rows = values.to(self.dtype).reshape(b, -1).contiguous().view(torch.uint8)
-            self._store_rows(slots, slice(None), rows)
+            self._store_rows(slots, self._gather_slots(slots), slice(None), rows)
             return
         ncode = self.slot_bytes - 2 * h
         if (s * h) % 8 == 0:   # every sample starts a group of 8 codes: one stream
@@ -275,8 +275,9 @@ class ActivationCache:
             if pad:
                 codes = torch.cat([codes, codes.new_zeros(b, pad)], dim=1)
             packed = pack_bits(codes, self.bits).view(b, -1)
-        self._store_rows(slots, slice(0, ncode), packed)
-        self._store_rows(slots, slice(ncode, None), scales.view(b, h).view(torch.uint8))
+        here = self._gather_slots(slots)
+        self._store_rows(slots, here, slice(0, ncode), packed)
+        self._store_rows(slots, here, slice(ncode, None), scales.view(b, h).view(torch.uint8))
 
     def _settle(self) -> None:
         """Wait for pending asynchronous copies (checkpointing only: the host reads the data)."""

@@ -181,19 +181,21 @@ def _expand_kernel(p_ptr, q_ptr, m_ptr, out_ptr, N, M, R, BN: tl.constexpr, BM: 
     store_as(out_ptr + at, acc, ok, OUT)
 
 
+def _expand(p, q, mat, out, kind: int, sub: bool) -> None:
+    n, r = p.shape
+    _expand_kernel[(cdiv(n, EXPAND_ROWS), cdiv(q.shape[0], EXPAND_COLS))](
+        p.contiguous(), q.contiguous(), mat, out, n, q.shape[0], r, BN=EXPAND_ROWS,
+        BM=EXPAND_COLS, OUT=kind, SUB=sub, num_warps=8, **LAUNCH)
+
+
 def low_rank_product(p: torch.Tensor, q: torch.Tensor, shape, dtype) -> torch.Tensor:
     """(P @ Q^T) of P (n, r), Q (m, r) (any float dtype, read as fp32) as a tensor of `shape`
     (n * m values) and `dtype` (fp32, fp16 or bf16), in one launch."""
-    n, r = p.shape
-    m = q.shape[0]
     out = torch.empty(shape, dtype=dtype, device=p.device)
-    if out.numel() == 0:
-        return out
-    kind = OUT_KIND[dtype]
-    view = out if kind < 2 else out.view(torch.int16)
-    _expand_kernel[(cdiv(n, EXPAND_ROWS), cdiv(m, EXPAND_COLS))](
-        p.contiguous(), q.contiguous(), view, view, n, m, r, BN=EXPAND_ROWS, BM=EXPAND_COLS,
-        OUT=kind, SUB=False, num_warps=8, **LAUNCH)
+    if out.numel():
+        kind = OUT_KIND[dtype]
+        view = out if kind < 2 else out.view(torch.int16)
+        _expand(p, q, view, view, kind, sub=False)
     return out
 
 
@@ -201,12 +203,8 @@ def low_rank_residual(mat: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
                       out: torch.Tensor | None = None) -> torch.Tensor:
     """mat - P Q^T for an fp32 contiguous mat (n, m), the product as low_rank_product forms it
     in fp32, in one pass; into `out` (may be mat itself) or a new tensor."""
-    n, r = p.shape
-    m = q.shape[0]
     if out is None:
         out = torch.empty_like(mat)
     if mat.numel():
-        _expand_kernel[(cdiv(n, EXPAND_ROWS), cdiv(m, EXPAND_COLS))](
-            p.contiguous(), q.contiguous(), mat, out, n, m, r, BN=EXPAND_ROWS, BM=EXPAND_COLS,
-            OUT=0, SUB=True, num_warps=8, **LAUNCH)
+        _expand(p, q, mat, out, 0, sub=True)
     return out
