@@ -2,7 +2,10 @@
 collective timeout (each launch is given 120 s: room for torchrun's start-up and teardown
 on a loaded machine).
 
-Each case launches pretrain_gpt.py under torchrun, as a user would.
+The flag and input-file checks run in each rank's parse of the flags, from the flags and the
+WORLD_SIZE the launcher set, before any process group exists: every case calls the entry point
+as each of its ranks would, and two of them also launch pretrain_gpt.py under torchrun, as a
+user would.
 """
 import os
 import subprocess
@@ -11,7 +14,7 @@ import sys
 import pytest
 
 from tests.conftest import tiny_gpt_argv
-from tests.distributed import free_port
+from tests.distributed import free_port, run_distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -62,18 +65,51 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,nproc,overrides,expected", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_fails_fast_on_every_rank(tiny_corpus, corrupt, name, nproc, overrides,
-                                            expected):
-    overrides = {k: (v.format(corrupt=corrupt) if isinstance(v, str) else v)
-                 for k, v in overrides.items()}
-    result = _launch(nproc, tiny_gpt_argv(tiny_corpus, **overrides))
-    assert result.returncode != 0
+# launched under torchrun too: a verdict needing the launcher's world size, and a file's
+LAUNCHED = ("gbs-not-divisible", "missing-vocab")
+
+
+def _overrides(overrides, corrupt):
+    return {k: (v.format(corrupt=corrupt) if isinstance(v, str) else v)
+            for k, v in overrides.items()}
+
+
+def _check_error_lines(stderr, nproc, expected):
     for rank in range(nproc):
-        lines = [l for l in result.stderr.splitlines() if l.startswith(f"[rank {rank}] error:")]
-        assert lines, f"rank {rank} printed no error line:\n{result.stderr[-3000:]}"
+        lines = [l for l in stderr.splitlines() if l.startswith(f"[rank {rank}] error:")]
+        assert lines, f"rank {rank} printed no error line:\n{stderr[-3000:]}"
         assert expected in lines[0], lines[0]
         assert len(lines[0]) < 400, "one line, not a traceback"
+
+
+@pytest.mark.parametrize("name,nproc,overrides,expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_fails_fast_on_every_rank(tiny_corpus, corrupt, name, nproc, overrides,
+                                            expected, capfd, monkeypatch):
+    """pretrain_gpt's main() as each rank runs it (RANK, WORLD_SIZE as torchrun sets them):
+    exit code 2 and the one line, with no process group and no training started."""
+    from megatron.training import pretrain
+    argv = tiny_gpt_argv(tiny_corpus, **_overrides(overrides, corrupt))
+    monkeypatch.setattr(pretrain.time, "sleep", lambda s: None)   # the rank's linger
+    monkeypatch.setattr(pretrain, "resolve_default_data",
+                        lambda a: pytest.fail("the flags passed their checks"))
+    for rank in range(nproc):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(nproc))
+        assert pretrain.main(argv) == 2
+    _check_error_lines(capfd.readouterr().err, nproc, expected)
+
+
+@pytest.mark.parametrize("name,nproc,overrides,expected",
+                         [c for c in CASES if c[0] in LAUNCHED], ids=LAUNCHED)
+def test_bad_input_under_torchrun(tiny_corpus, corrupt, name, nproc, overrides, expected):
+    result = _launch(nproc, tiny_gpt_argv(tiny_corpus, **_overrides(overrides, corrupt)))
+    assert result.returncode != 0
+    _check_error_lines(result.stderr, nproc, expected)
+
+
+def _train_and_save(rank, world, argv):
+    from tests.training import runner
+    return runner.train(argv, world)
 
 
 def test_truncated_checkpoint_is_one_line_naming_the_file(tiny_corpus, tmp_path):
@@ -81,9 +117,8 @@ def test_truncated_checkpoint_is_one_line_naming_the_file(tiny_corpus, tmp_path)
     line naming the file and --ckpt-fallback, exit 2, not our traceback."""
     import glob
     save = tmp_path / "ckpt"
-    first = _launch(1, tiny_gpt_argv(tiny_corpus, **{"train-iters": 1, "save": save,
-                                                     "save-interval": 1}))
-    assert first.returncode == 0, first.stderr[-3000:]
+    run_distributed(_train_and_save, 1, (tiny_gpt_argv(tiny_corpus, **{
+        "train-iters": 1, "save": str(save), "save-interval": 1}),), timeout=300)
     (path,) = glob.glob(str(save / "iter_*" / "mp_rank_00" / "model_optim_rng.pt"))
     for digest in glob.glob(path + ".sha256"):
         os.remove(digest)

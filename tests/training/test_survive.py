@@ -44,14 +44,14 @@ def test_killed_rank_restarts_and_matches_uninterrupted_run(tiny_corpus, tmp_pat
     ckpt, losses = str(tmp_path / "ckpt"), str(tmp_path / "losses")
     argv = _restart_argv(tiny_corpus, save=ckpt, load=ckpt, **{"save-interval": 4,
                                                               "async-save": True})
-    run = _torchrun(4, argv, restarts=1, FAULT="kill", FAULT_RANK=2, FAULT_AT=6,
+    run = _torchrun(2, argv, restarts=1, FAULT="kill", FAULT_RANK=1, FAULT_AT=6,
                     LOSS_FILE=losses)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-4000:]
     assert f"WARNING: --load {ckpt} holds no checkpoint" in log   # first launch: from scratch
     assert f"loaded checkpoint from {ckpt} at iteration 4" in log  # the restart resumed
     resumed = json.load(open(losses + ".1"))
-    straight = run_distributed(_reference_worker, 4, (_restart_argv(tiny_corpus),),
+    straight = run_distributed(_reference_worker, 2, (_restart_argv(tiny_corpus),),
                                timeout=600)[-1]
     assert resumed["start"] == 4 and len(straight) == 10
     assert resumed["losses"] == straight[4:], (resumed, straight)
