@@ -92,7 +92,7 @@ def _losses(out):
                    "--high-precision-bits": 4, "--low-precision-bits": 3,
                    "--high-precision-allocation-ratio": 0.8, "--forward-bits": 4,
                    "--backward-tile-size": 16, "--backward-bits": 6, "--warmup-epochs": 0,
-                   "--do-evaluation": "false", "--profiling": "tidy_profiling"}),
+                   "--do-evaluation": "false", "--profiling": "tidy_profiling", "--n-epochs": 3}),
 ])
 def test_readme_example_trains_with_falling_loss(seed_inputs, tmp_path, name, over):
     codes, outs = _launch(_args(seed_inputs, **over), cwd=tmp_path)
