@@ -65,7 +65,7 @@ CASES = [
 ]
 
 
-# launched under torchrun too: a verdict needing the launcher's world size, and a file's
+# also launched under torchrun: one verdict that needs the launcher's world size, one on a file
 LAUNCHED = ("gbs-not-divisible", "missing-vocab")
 
 
